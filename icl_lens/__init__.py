@@ -1,0 +1,19 @@
+"""icl_lens: the code behind the icl-lens book.
+
+One module per idea, each named after what it computes:
+
+- :mod:`icl_lens.kernels`       positive random features, Eq. (7) and Performer (FAVOR+)
+- :mod:`icl_lens.attention`     softmax attention, Eq. (1) and (5), and its kernel form, Eq. (6)-(7)
+- :mod:`icl_lens.dual`          the dual model of Theorem 3.1, Eqs. (8)-(9) and (16)-(19)
+- :mod:`icl_lens.approximation` how well random features approximate attention (Figs. 6-9)
+- :mod:`icl_lens.symbolic`      sympy derivations of the identities the book checks
+- :mod:`icl_lens.tasks`         in-context regression tasks of Section 5 / Appendix E
+- :mod:`icl_lens.device`        ``pick("auto")``: cuda when present, else cpu
+- :mod:`icl_lens.results`       JSON + PNG files that the chapters show
+- :mod:`icl_lens.widgets`       ipywidgets explorers (live with a kernel, frames without)
+
+Tokens are rows: a sequence is a tensor ``(..., tokens, dim)`` and a weight of shape
+``(d_out, d_in)`` acts as ``x @ W.T``, which is the paper's ``W x`` on a column ``x``.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,90 @@
+"""The book's figures. Each function takes numbers (as computed elsewhere) and returns a figure."""
+
+import matplotlib.pyplot as plt
+import torch
+
+
+def _as_numpy(value):
+    return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
+
+
+def approximation_error_figure(results, title="Random-feature approximation of softmax attention"):
+    """Figs. 6-8: MSE and MAE of attention matrix and output against d_r (log-log), one line per result.
+
+    ``results`` maps a label (e.g. "iid", "orthogonal") to the dict of
+    :func:`icl_lens.approximation.approximation_error`.
+    """
+    figure, axes = plt.subplots(2, 2, figsize=(10, 7))
+    axes = axes.ravel()
+    keys = ("attention_mse", "attention_mae", "output_mse", "output_mae")
+    labels = ("attention matrix MSE", "attention matrix MAE", "output MSE", "output MAE")
+    for axis, key, label in zip(axes, keys, labels):
+        for name, result in results.items():
+            counts = result["feature_counts"]
+            mean = torch.tensor(result[key])
+            spread = torch.tensor(result[f"{key}_std"])
+            axis.plot(counts, mean, marker="o", label=name)
+            axis.fill_between(counts, (mean - spread).clamp(min=mean.min() / 10), mean + spread, alpha=0.2)
+        first = next(iter(results.values()))
+        reference = torch.tensor(first["feature_counts"], dtype=torch.float64)
+        slope = 1.0 if key.endswith("mse") else 0.5
+        anchor = first[key][0] * (reference[0] ** slope)
+        axis.plot(reference, anchor / reference**slope, "k--", linewidth=0.8, label=f"$\\propto d_r^{{-{slope:g}}}$")
+        axis.set(xscale="log", yscale="log", xlabel="$d_r$ (number of random features)", title=label)
+        axis.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    figure.suptitle(title)
+    figure.tight_layout()
+    return figure
+
+
+def attention_heatmaps_figure(exact, estimate, exact_output, estimate_output, num_features):
+    """Fig. 9: exact and estimated attention matrices and outputs, side by side, on shared colour scales."""
+    exact, estimate = _as_numpy(exact), _as_numpy(estimate)
+    exact_output, estimate_output = _as_numpy(exact_output), _as_numpy(estimate_output)
+    figure, axes = plt.subplots(1, 4, figsize=(15, 3.6), gridspec_kw={"width_ratios": [1, 1, 0.8, 0.8]})
+    low, high = min(exact.min(), estimate.min()), max(exact.max(), estimate.max())
+    for axis, matrix, name in zip(axes[:2], (exact, estimate), ("exact softmax", f"random features, $d_r$={num_features}")):
+        image = axis.imshow(matrix, vmin=low, vmax=high, cmap="viridis")
+        axis.set(title=f"attention: {name}", xlabel="key token", ylabel="query token")
+    figure.colorbar(image, ax=axes[:2], shrink=0.8)
+    low, high = min(exact_output.min(), estimate_output.min()), max(exact_output.max(), estimate_output.max())
+    for axis, matrix, name in zip(axes[2:], (exact_output, estimate_output), ("exact", "estimated")):
+        image = axis.imshow(matrix, vmin=low, vmax=high, cmap="coolwarm")
+        axis.set(title=f"output: {name}", xlabel="output dimension", ylabel="token")
+    figure.colorbar(image, ax=axes[2:], shrink=0.8)
+    return figure
+
+
+def sgd_error_figure(curves, title="Fig. 3 (left): dual model trained one demonstration at a time"):
+    """||y_test - h'||^2 against the number of SGD steps, one line per label, log scale.
+
+    ``curves`` maps a label to a sequence of squared errors (entry t: after t steps). Exact zeros are
+    drawn at the floor 1e-35 so that reaching round-off is visible on the log axis.
+    """
+    figure, axis = plt.subplots(figsize=(6.4, 3.8))
+    for label, errors in curves.items():
+        values = torch.as_tensor(errors, dtype=torch.float64).clamp(min=1e-35)
+        axis.plot(range(len(values)), values, marker=".", label=label)
+    axis.set(yscale="log", xlabel="SGD steps (one demonstration each)", ylabel="$\\|\\hat y_{test} - h'\\|^2$", title=title)
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def gap_to_softmax_figure(feature_counts, dual_gap, kernel_gap, spread=None):
+    """Relative distance of the dual prediction to exact softmax attention, against d_r."""
+    figure, axis = plt.subplots(figsize=(6.4, 3.8))
+    axis.plot(feature_counts, dual_gap, marker="o", label="dual prediction vs softmax attention")
+    axis.plot(feature_counts, kernel_gap, marker="x", linestyle=":", label="kernel attention vs softmax attention")
+    if spread is not None:
+        low, high = spread
+        axis.fill_between(feature_counts, low, high, alpha=0.2)
+    counts = torch.tensor(feature_counts, dtype=torch.float64)
+    axis.plot(counts, dual_gap[0] * (counts[0] / counts) ** 0.5, "k--", linewidth=0.8, label="$\\propto d_r^{-1/2}$")
+    axis.set(xscale="log", yscale="log", xlabel="$d_r$", ylabel="relative error", title="Dual model vs exact softmax attention")
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    return figure

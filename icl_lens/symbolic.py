@@ -1,0 +1,104 @@
+"""sympy derivations of the identities that the book checks exactly.
+
+Each function returns the intermediate expressions (so a chapter can print them) together with the
+residuals that must simplify to zero.
+"""
+
+import sympy as sp
+
+
+def gaussian_moment():
+    """E_w[exp(w z)] = exp(z^2 / 2) for w ~ N(0, 1), and the 1-D unbiasedness of positive features.
+
+    Returns ``(moment, feature_product_mean)``: the integral of exp(w z) N(w; 0, 1) dw, and the integral
+    of exp(w a - a^2/2) exp(w b - b^2/2) N(w; 0, 1) dw, which must equal exp(a b) (Eq. (7) estimator).
+    """
+    w, z, a, b = sp.symbols("w z a b", real=True)
+    density = sp.exp(-(w**2) / 2) / sp.sqrt(2 * sp.pi)
+    moment = sp.simplify(sp.integrate(sp.exp(w * z) * density, (w, -sp.oo, sp.oo)))
+    product = sp.exp(w * a - a**2 / 2) * sp.exp(w * b - b**2 / 2)
+    feature_product_mean = sp.simplify(sp.integrate(product * density, (w, -sp.oo, sp.oo)))
+    return moment, feature_product_mean
+
+
+def gaussian_moment_multivariate(dim=2):
+    """E exp(w . z) = exp(|z|^2 / 2) for w ~ N(0, I_dim): the integral factorises over coordinates."""
+    ws = sp.symbols(f"w1:{dim + 1}", real=True)
+    zs = sp.symbols(f"z1:{dim + 1}", real=True)
+    integrand = sp.exp(sum(wi * zi for wi, zi in zip(ws, zs))) * sp.exp(-sum(wi**2 for wi in ws) / 2)
+    result = integrand / sp.sqrt(2 * sp.pi) ** dim
+    for wi in ws:
+        result = sp.integrate(result, (wi, -sp.oo, sp.oo))
+    return sp.simplify(result), sp.exp(sum(zi**2 for zi in zs) / 2)
+
+
+def theorem_3_1(num_demos=2, num_query_side=1, value_dim=2, num_features=2):
+    """Theorem 3.1 on symbolic matrices, with generic symbols for every feature value.
+
+    The identity needs no property of phi, so phi(z_i), phi(k_j) and phi(q) are free symbols. Returns a
+    dict with the loss, the gradient by differentiation, its closed form (Eq. (16)), the stepped weight
+    (Eq. (17)), the dual prediction (Eq. (18)), the kernel-attention output, and the two residual
+    matrices that must be zero: gradient minus closed form, prediction minus attention (Eq. (19)).
+    """
+    eta = sp.symbols("eta", positive=True)
+    phi_D = sp.Matrix(num_demos, num_features, lambda i, r: sp.Symbol(f"phi_{i + 1}{r + 1}", positive=True))
+    phi_T = sp.Matrix(num_query_side, num_features, lambda i, r: sp.Symbol(f"psi_{i + 1}{r + 1}", positive=True))
+    phi_q = sp.Matrix(num_features, 1, lambda r, _: sp.Symbol(f"q_{r + 1}", positive=True))
+    V_D = sp.Matrix(num_demos, value_dim, lambda i, c: sp.Symbol(f"v_{i + 1}{c + 1}"))
+    V_T = sp.Matrix(num_query_side, value_dim, lambda i, c: sp.Symbol(f"u_{i + 1}{c + 1}"))
+    W = sp.Matrix(value_dim, num_features, lambda c, r: sp.Symbol(f"W_{c + 1}{r + 1}"))
+
+    D = sum(phi_D * phi_q) + sum(phi_T * phi_q)
+    W0 = V_T.T * phi_T / D
+    loss = -sum((V_D[i, :] * W * phi_D[i, :].T)[0, 0] for i in range(num_demos)) / (eta * D)
+    gradient = W.applyfunc(lambda entry: sp.diff(loss, entry))
+    closed_form = -(V_D.T * phi_D) / (eta * D)
+    W1 = W0 - eta * closed_form
+    prediction = W1 * phi_q
+    keys = phi_D.col_join(phi_T)
+    all_values = V_D.col_join(V_T)
+    scores = keys * phi_q
+    attention = all_values.T * scores / sum(scores)
+    return {
+        "D": D,
+        "phi_q": phi_q,
+        "W0": W0,
+        "loss": loss,
+        "gradient": gradient,
+        "closed_form_gradient": closed_form,
+        "W1": W1,
+        "prediction": prediction,
+        "attention": attention,
+        "gradient_residual": (gradient - closed_form).applyfunc(sp.simplify),
+        "prediction_residual": (prediction - attention).applyfunc(sp.simplify),
+    }
+
+
+def per_demo_sgd_equals_full_step(num_demos=3, value_dim=1, num_features=2):
+    """N per-demonstration steps on L_i equal one full step on L, because L is linear in W.
+
+    Returns the residual W_N(sgd) - W_1(full), which must be the zero matrix.
+    """
+    eta, D = sp.symbols("eta D", positive=True)
+    phi_D = sp.Matrix(num_demos, num_features, lambda i, r: sp.Symbol(f"phi_{i + 1}{r + 1}"))
+    V_D = sp.Matrix(num_demos, value_dim, lambda i, c: sp.Symbol(f"v_{i + 1}{c + 1}"))
+    W = sp.Matrix(value_dim, num_features, lambda c, r: sp.Symbol(f"W_{c + 1}{r + 1}"))
+
+    def loss(i, weight):
+        return -(V_D[i, :] * weight * phi_D[i, :].T)[0, 0] / (eta * D)
+
+    def gradient_at(loss_expr, weight):
+        symbolic = W.applyfunc(lambda entry: sp.diff(loss_expr, entry))
+        return symbolic.subs(dict(zip(W, weight)))
+
+    current = W
+    for i in range(num_demos):
+        current = current - eta * gradient_at(loss(i, W), current)
+    full_loss = sum(loss(i, W) for i in range(num_demos))
+    full_step = W - eta * gradient_at(full_loss, W)
+    return (current - full_step).applyfunc(sp.simplify)
+
+
+def is_zero_matrix(matrix):
+    """True when every entry of a sympy matrix simplifies to exactly 0."""
+    return all(sp.simplify(entry) == 0 for entry in matrix)

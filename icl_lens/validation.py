@@ -1,0 +1,66 @@
+"""Input checks shared by every public function: each error names the argument at fault."""
+
+import torch
+
+
+def as_tensor(value, name):
+    """Return ``value`` as a floating tensor, refusing non-tensors, integer dtypes and non-finite entries."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if not value.is_floating_point():
+        raise ValueError(f"{name} must be a floating tensor (float32 or float64), got {value.dtype}")
+    if not torch.isfinite(value).all():
+        raise ValueError(f"{name} contains non-finite values (nan or inf)")
+    return value
+
+
+def check_rank_at_least(value, name, rank):
+    if value.dim() < rank:
+        raise ValueError(f"{name} must have at least {rank} dimensions, got shape {tuple(value.shape)}")
+
+
+def check_matrix(value, name, shape=None):
+    """A 2-D weight; ``shape`` entries that are ``None`` are free."""
+    as_tensor(value, name)
+    if value.dim() != 2:
+        raise ValueError(f"{name} must be a matrix (2 dimensions), got shape {tuple(value.shape)}")
+    if shape is not None:
+        for axis, (got, want) in enumerate(zip(value.shape, shape)):
+            if want is not None and got != want:
+                raise ValueError(
+                    f"{name} has shape {tuple(value.shape)}, but dimension {axis} must be {want}"
+                )
+    return value
+
+
+def check_last_dim(value, name, size, what):
+    if value.shape[-1] != size:
+        raise ValueError(
+            f"{name} has last dimension {value.shape[-1]}, but it must match {what} ({size})"
+        )
+
+
+def check_positive_int(value, name):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def check_positive_float(value, name):
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a positive number, got {value!r}") from None
+    if not number > 0 or number == float("inf"):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return number
+
+
+def check_same_device_and_dtype(named_tensors):
+    """All tensors on one device and of one dtype, so the caller never gets a silent cast."""
+    (first_name, first), *rest = named_tensors
+    for name, tensor in rest:
+        if tensor.device != first.device:
+            raise ValueError(f"{name} is on {tensor.device} but {first_name} is on {first.device}")
+        if tensor.dtype != first.dtype:
+            raise ValueError(f"{name} has dtype {tensor.dtype} but {first_name} has {first.dtype}")

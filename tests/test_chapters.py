@@ -1,0 +1,73 @@
+"""Every chapter of the book, executed top to bottom as a test (a failing assert fails the test).
+
+The chapters are MyST notebooks; jupytext reads them and nbclient runs them in a fresh kernel with
+the working directory set to the chapter's folder, as the book build does. The test suite sets
+ICL_LENS_QUICK=1, so chapters use their quick sizes.
+"""
+
+import os
+import pathlib
+
+import jupytext
+import nbclient
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DEFAULT_TIMEOUT = int(os.environ.get("CHAPTER_TIMEOUT", "600"))  # per cell, seconds
+
+
+def toc_files():
+    """The chapter files named in _toc.yml, in book order."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    names = [toc["root"]]
+    for part in toc.get("parts", []):
+        names += [entry["file"] for entry in part["chapters"]]
+    names += [entry["file"] for entry in toc.get("chapters", [])]
+    return [ROOT / f"{name}.md" for name in names]
+
+
+def is_notebook(path):
+    head = path.read_text(encoding="utf-8")[:2000]
+    return head.startswith("---") and "kernelspec:" in head
+
+
+CHAPTERS = [path for path in toc_files() if path.exists() and is_notebook(path)]
+
+
+def test_every_toc_entry_exists_and_chapters_are_found():
+    missing = [str(path) for path in toc_files() if not path.exists()]
+    assert not missing, missing
+    assert len(CHAPTERS) >= 3
+
+
+def execute(path, working_directory):
+    notebook = jupytext.read(path)
+    timeout = int(notebook.metadata.get("mystnb", {}).get("execution_timeout", DEFAULT_TIMEOUT))
+    client = nbclient.NotebookClient(
+        notebook,
+        timeout=timeout,
+        kernel_name="python3",
+        allow_errors=False,
+        resources={"metadata": {"path": str(working_directory)}},
+    )
+    try:
+        client.execute()
+    except nbclient.exceptions.CellExecutionError as error:
+        pytest.fail(f"{path.name}: {error}", pytrace=False)
+    except (TimeoutError, nbclient.exceptions.CellTimeoutError) as error:
+        pytest.fail(f"{path.name}: timed out after {timeout}s per cell: {error}", pytrace=False)
+    return notebook
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=[path.stem for path in CHAPTERS])
+def test_chapter_executes(path):
+    notebook = execute(path, path.parent)
+    errors = [
+        output
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.get("outputs", [])
+        if output.get("output_type") == "error"
+    ]
+    assert not errors
