@@ -122,3 +122,164 @@ def dual_model(demos, queries, W_Q, W_K, W_V, feature_map, *, query_index=-1, lr
         W0=W0,
         lr=lr,
     )
+
+
+# --- Theorem B.1: one Transformer layer (attention followed by a ReLU FFN) --------------------------
+
+
+def feed_forward(h, W_1, b_1, W_2, b_2):
+    """Eq. (2): W_2 ReLU(W_1 h + b_1) + b_2, for rows ``h`` (..., d_o); no residual, no LayerNorm."""
+    return torch.relu(h @ W_1.T + b_1) @ W_2.T + b_2
+
+
+@dataclass
+class TransformerLayerDual(DualModel):
+    """The dual model f+(x) = W phi(x) + b of Theorem B.1 (Eq. (20)); only W is trained.
+
+    ``relu_mask`` (..., d_h) holds the diagonal of I_M, the ReLU units active at the query's attention
+    output; ``W_F`` = W_2 I_M W_1 and ``bias`` = b_F = W_2 I_M b_1 + b_2 freeze the FFN into an affine
+    map. Labels are W_F W_V x_i and W0 is W_F times the attention dual's W0.
+    """
+
+    bias: torch.Tensor = None
+    W_F: torch.Tensor = None
+    relu_mask: torch.Tensor = None
+
+    def loss(self, W):
+        """Eq. (21): -1/(lr D) sum_i (W_F W_V x_i) . (W phi(z_i) + b)."""
+        predictions = self.train_features @ W.transpose(-1, -2) + self.bias.unsqueeze(-2)
+        return -(self.train_labels * predictions).sum(dim=(-2, -1)) / (self.lr * self.D)
+
+    def predict(self, W, z):
+        return super().predict(W, z) + self.bias
+
+
+def check_feed_forward(W_1, b_1, W_2, b_2, d_o):
+    from icl_lens.validation import check_matrix
+
+    check_matrix(W_1, "W_1", (None, d_o))
+    check_matrix(W_2, "W_2", (d_o, W_1.shape[0]))
+    for name, bias, size in (("b_1", b_1, W_1.shape[0]), ("b_2", b_2, d_o)):
+        as_tensor(bias, name)
+        if bias.shape != (size,):
+            raise ValueError(f"{name} must have shape ({size},), got {tuple(bias.shape)}")
+
+
+def transformer_layer_dual(
+    demos, queries, W_Q, W_K, W_V, W_1, b_1, W_2, b_2, feature_map, *, query_index=-1, lr=1.0, scale=None
+):
+    """Theorem B.1: the dual model whose one-step prediction equals attention followed by the FFN.
+
+    The attention part is :func:`dual_model`; the ReLU pattern at the query's attention output h'
+    turns the FFN into h -> W_F h + b_F, which is pushed into the labels and the bias.
+    """
+    attention_dual = dual_model(demos, queries, W_Q, W_K, W_V, feature_map, query_index=query_index, lr=lr, scale=scale)
+    check_feed_forward(W_1, b_1, W_2, b_2, W_V.shape[0])
+    attention_output = attention_dual.test_prediction()
+    relu_mask = (attention_output @ W_1.T + b_1 >= 0).to(W_1.dtype)
+    W_F = (W_2 * relu_mask.unsqueeze(-2)) @ W_1
+    bias = (relu_mask * b_1) @ W_2.T + b_2
+    return TransformerLayerDual(
+        feature_map=feature_map,
+        train_inputs=attention_dual.train_inputs,
+        train_features=attention_dual.train_features,
+        train_labels=attention_dual.train_labels @ W_F.transpose(-1, -2),
+        test_input=attention_dual.test_input,
+        D=attention_dual.D,
+        W0=W_F @ attention_dual.W0,
+        lr=attention_dual.lr,
+        bias=bias,
+        W_F=W_F,
+        relu_mask=relu_mask,
+    )
+
+
+# --- Theorem B.2: stacked kernel-attention layers under PrefixLM masking ---------------------------
+
+
+def prefix_lm_forward(tokens, layers, feature_maps, *, scale=None):
+    """L kernel-attention layers under PrefixLM masking, computed directly.
+
+    ``tokens`` (..., N + 1, d): N demonstrations then the query. Demonstrations attend to the
+    demonstrations only; the query attends to all N + 1 tokens. ``layers`` is a list of
+    (W_Q, W_K, W_V), each d x d; ``feature_maps`` one feature map per layer. Returns the hidden
+    states [H^(0), H^(1), ..., H^(L)], each (..., N + 1, d).
+    """
+    from icl_lens.attention import kernel_attention
+
+    check_stack(tokens, layers, feature_maps)
+    hidden = [tokens]
+    for (W_Q, W_K, W_V), feature_map in zip(layers, feature_maps):
+        H = hidden[-1]
+        demos = H[..., :-1, :]
+        demo_outputs = kernel_attention(demos, demos, W_Q, W_K, W_V, feature_map=feature_map, scale=scale)
+        query_output = kernel_attention(H[..., -1:, :], H, W_Q, W_K, W_V, feature_map=feature_map, scale=scale)
+        hidden.append(torch.cat([demo_outputs, query_output], dim=-2))
+    return hidden
+
+
+def check_stack(tokens, layers, feature_maps):
+    as_tensor(tokens, "tokens")
+    if tokens.dim() < 2 or tokens.shape[-2] < 2:
+        raise ValueError(f"tokens must be (..., N + 1, d) with N >= 1, got shape {tuple(tokens.shape)}")
+    if len(layers) < 1:
+        raise ValueError("layers must hold at least one (W_Q, W_K, W_V)")
+    if len(feature_maps) != len(layers):
+        raise ValueError(f"feature_maps has {len(feature_maps)} entries but layers has {len(layers)}")
+    d = tokens.shape[-1]
+    for index, weights in enumerate(layers):
+        if len(weights) != 3:
+            raise ValueError(f"layers[{index}] must be (W_Q, W_K, W_V)")
+        for name, weight in zip(("W_Q", "W_K", "W_V"), weights):
+            if not isinstance(weight, torch.Tensor) or weight.shape != (d, d):
+                shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+                raise ValueError(f"layers[{index}] {name} must be a ({d}, {d}) tensor, got {shape}")
+
+
+@dataclass
+class StackedLayer:
+    """Layer l of Theorem B.2: its dual model and the hidden states it produces."""
+
+    dual: DualModel
+    demo_normalisers: torch.Tensor  # D_i^(l), (..., N)
+    demo_outputs: torch.Tensor      # h_i^(l) from Eq. (25), (..., N, d)
+    query_output: torch.Tensor      # h_{N+1}^(l) = trained dual model at W_Q h_{N+1}^(l-1), (..., d)
+
+    @property
+    def hidden(self):
+        return torch.cat([self.demo_outputs, self.query_output.unsqueeze(-2)], dim=-2)
+
+
+def stacked_duals(tokens, layers, feature_maps, *, lr=1.0, scale=None):
+    """Theorem B.2: the sequence of dual models of L stacked layers under PrefixLM masking.
+
+    Layer l's dual model is trained on the previous layer's hidden states: inputs
+    sqrt(scale) W_K^(l) h_i^(l-1), labels W_V^(l) h_i^(l-1), test input sqrt(scale) W_Q^(l) h_{N+1}^(l-1)
+    (Eq. (24)). Its one-step prediction is the query's next hidden state; the demonstrations' next
+    states come from the same dual model by Eq. (25):
+        h_i^(l) = D^(l) / D_i^(l) [f_hat(q_i) - f_init(q_i)],  D_i^(l) = sum_j over demos phi(k_j) . phi(q_i).
+    Returns one :class:`StackedLayer` per layer; the last ``query_output`` equals the L-layer forward pass.
+    """
+    from icl_lens.attention import queries_and_keys
+
+    check_stack(tokens, layers, feature_maps)
+    H = tokens
+    stack = []
+    for (W_Q, W_K, W_V), feature_map in zip(layers, feature_maps):
+        demos = H[..., :-1, :]
+        model = dual_model(demos, H[..., -1:, :], W_Q, W_K, W_V, feature_map, lr=lr, scale=scale)
+        query_output = model.test_prediction()
+        demo_queries, _ = queries_and_keys(demos, demos, W_Q, W_K, scale)
+        demo_query_features = feature_map(demo_queries)
+        demo_normalisers = demo_query_features @ model.train_features.sum(dim=-2).unsqueeze(-1)
+        demo_normalisers = demo_normalisers.squeeze(-1)
+        trained_minus_initial = model.step() - model.W0
+        demo_outputs = (
+            model.D[..., None, None]
+            / demo_normalisers.unsqueeze(-1)
+            * (demo_query_features @ trained_minus_initial.transpose(-1, -2))
+        )
+        layer = StackedLayer(model, demo_normalisers, demo_outputs, query_output)
+        stack.append(layer)
+        H = layer.hidden
+    return stack

@@ -88,3 +88,31 @@ def gap_to_softmax_figure(feature_counts, dual_gap, kernel_gap, spread=None):
     axis.legend(fontsize=8)
     figure.tight_layout()
     return figure
+
+
+def rank_bound_figure(result, paper_saturation=None):
+    """Fig. 14 (right): mean of min(d, #active ReLUs) against the FFN width d_h."""
+    figure, axis = plt.subplots(figsize=(6.4, 3.8))
+    sizes = result["hidden_sizes"]
+    mean, spread = torch.tensor(result["mean_bound"]), torch.tensor(result["std_bound"])
+    axis.errorbar(sizes, mean, yerr=spread, marker="o", capsize=3, label="mean upper bound of Rank($W_F$)")
+    axis.axhline(result["d"], color="k", linestyle="--", linewidth=0.8, label=f"d = {result['d']}")
+    if paper_saturation is not None:
+        axis.axvline(paper_saturation, color="gray", linestyle=":", label=f"paper (trained): saturated from $d_h$ = {paper_saturation}")
+    axis.set(xlabel="$d_h$ (FFN width)", ylabel="min(d, #active ReLUs)", title="Fig. 14 (right): rank bound of $W_F$")
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def layer_error_figure(errors, title="Theorem B.2: dual pipeline vs direct forward pass"):
+    """Max relative error per layer; ``errors`` maps a label (e.g. "float64, L = 6") to a list per layer."""
+    figure, axis = plt.subplots(figsize=(6.4, 3.8))
+    for label, values in errors.items():
+        axis.plot(range(1, len(values) + 1), values, marker="o", label=label)
+    axis.set(yscale="log", xlabel="layer l", ylabel="max relative error, all tokens", title=title)
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    return figure

@@ -102,3 +102,30 @@ def per_demo_sgd_equals_full_step(num_demos=3, value_dim=1, num_features=2):
 def is_zero_matrix(matrix):
     """True when every entry of a sympy matrix simplifies to exactly 0."""
     return all(sp.simplify(entry) == 0 for entry in matrix)
+
+
+def theorem_b_1(num_demos=2, num_query_side=1, dim=2, num_features=2):
+    """Theorem B.1 on symbolic matrices: a fixed W_F and bias b on top of Theorem 3.1.
+
+    Returns the gradient residual (dL/dW minus -1/(eta D) W_F V_D^T phi(K_D)) and the prediction
+    residual (W_hat phi(q) + b minus (W_F h' + b)), both of which must be zero.
+    """
+    base = theorem_3_1(num_demos, num_query_side, dim, num_features)
+    eta = sp.symbols("eta", positive=True)
+    W_F = sp.Matrix(dim, dim, lambda a, c: sp.Symbol(f"F_{a + 1}{c + 1}"))
+    b = sp.Matrix(dim, 1, lambda a, _: sp.Symbol(f"b_{a + 1}"))
+    W = sp.Matrix(dim, num_features, lambda c, r: sp.Symbol(f"W_{c + 1}{r + 1}"))
+    D, phi_q = base["D"], base["phi_q"]
+    phi_D = sp.Matrix(num_demos, num_features, lambda i, r: sp.Symbol(f"phi_{i + 1}{r + 1}", positive=True))
+    V_D = sp.Matrix(num_demos, dim, lambda i, c: sp.Symbol(f"v_{i + 1}{c + 1}"))
+    labels = V_D * W_F.T
+    loss = -sum((labels[i, :] * (W * phi_D[i, :].T + b))[0, 0] for i in range(num_demos)) / (eta * D)
+    gradient = W.applyfunc(lambda entry: sp.diff(loss, entry))
+    closed_form = -(W_F * V_D.T * phi_D) / (eta * D)
+    W1 = W_F * base["W0"] - eta * gradient
+    prediction = W1 * phi_q + b
+    return {
+        "loss": loss,
+        "gradient_residual": (gradient - closed_form).applyfunc(sp.simplify),
+        "prediction_residual": (prediction - (W_F * base["attention"] + b)).applyfunc(sp.simplify),
+    }

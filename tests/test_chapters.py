@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DEFAULT_TIMEOUT = int(os.environ.get("CHAPTER_TIMEOUT", "600"))  # per cell, seconds
+# per cell, seconds: quick-mode cells take seconds, so a stuck kernel fails fast here
+CELL_TIMEOUT = int(os.environ.get("CHAPTER_TIMEOUT", "300"))
 
 
 def toc_files():
@@ -43,7 +44,7 @@ def test_every_toc_entry_exists_and_chapters_are_found():
 
 def execute(path, working_directory):
     notebook = jupytext.read(path)
-    timeout = int(notebook.metadata.get("mystnb", {}).get("execution_timeout", DEFAULT_TIMEOUT))
+    timeout = min(CELL_TIMEOUT, int(notebook.metadata.get("mystnb", {}).get("execution_timeout", CELL_TIMEOUT)))
     client = nbclient.NotebookClient(
         notebook,
         timeout=timeout,
