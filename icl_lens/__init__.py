@@ -4,7 +4,10 @@ One module per idea, each named after what it computes:
 
 - :mod:`icl_lens.kernels`       positive random features, Eq. (7) and Performer (FAVOR+)
 - :mod:`icl_lens.attention`     softmax attention, Eq. (1) and (5), and its kernel form, Eq. (6)-(7)
-- :mod:`icl_lens.dual`          the dual model of Theorem 3.1, Eqs. (8)-(9) and (16)-(19)
+- :mod:`icl_lens.dual`          the dual models: Theorem 3.1 (Eqs. (8)-(9), (16)-(19)), Theorem B.1
+                                (Eqs. (20)-(23)) and Theorem B.2 (Eqs. (24)-(25))
+- :mod:`icl_lens.ffn_rank`      the rank bound of W_F (Fig. 14, right)
+- :mod:`icl_lens.constructions` linear attention as a dual (Eqs. (3)-(4)); von Oswald et al. (App. F)
 - :mod:`icl_lens.approximation` how well random features approximate attention (Figs. 6-9)
 - :mod:`icl_lens.symbolic`      sympy derivations of the identities the book checks
 - :mod:`icl_lens.tasks`         in-context regression tasks of Section 5 / Appendix E
