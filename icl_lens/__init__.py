@@ -8,6 +8,8 @@ One module per idea, each named after what it computes:
                                 (Eqs. (20)-(23)) and Theorem B.2 (Eqs. (24)-(25))
 - :mod:`icl_lens.ffn_rank`      the rank bound of W_F (Fig. 14, right)
 - :mod:`icl_lens.constructions` linear attention as a dual (Eqs. (3)-(4)); von Oswald et al. (App. F)
+- :mod:`icl_lens.softmax_regression` Li et al.: definitions, gradient lemma, Lipschitz lemmas, shift of b
+- :mod:`icl_lens.counterexamples` searches for violations of inequalities (random + gradient ascent)
 - :mod:`icl_lens.approximation` how well random features approximate attention (Figs. 6-9)
 - :mod:`icl_lens.symbolic`      sympy derivations of the identities the book checks
 - :mod:`icl_lens.tasks`         in-context regression tasks of Section 5 / Appendix E

@@ -1,5 +1,7 @@
 """The book's figures. Each function takes numbers (as computed elsewhere) and returns a figure."""
 
+import math
+
 import matplotlib.pyplot as plt
 import torch
 
@@ -114,5 +116,43 @@ def layer_error_figure(errors, title="Theorem B.2: dual pipeline vs direct forwa
     axis.set(yscale="log", xlabel="layer l", ylabel="max relative error, all tokens", title=title)
     axis.grid(True, which="both", alpha=0.3)
     axis.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def looseness_figure(sizes, radii, ratios, title):
+    """log10 of the largest measured lhs / rhs against n, one line per R (ratios[R][n])."""
+    figure, axis = plt.subplots(figsize=(6.4, 3.8))
+    for R in radii:
+        # math.log10: ratios near 1e-70 underflow in float32 tensors
+        axis.plot(sizes, [math.log10(r) for r in ratios[R]], marker="o", label=f"R = {R}")
+    axis.axhline(0, color="k", linewidth=0.8, linestyle="--", label="bound attained")
+    axis.set(xscale="log", xlabel="n (tokens in the document A)", ylabel="log10(max lhs / rhs)", title=title)
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def closeness_figure(history, title="GD on x against updates of A"):
+    """Losses of both trainings, and how far apart their predictions and induced shifts are."""
+    figure, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    steps = range(len(history["loss_x"]))
+    axes[0].plot(steps, history["loss_x"], label="GD on the weights x")
+    axes[0].plot(steps, history["loss_A"], label="updates of the document A (attention)")
+    axes[0].set(yscale="log", xlabel="step", ylabel="$L_{exp}$", title="training loss")
+    axes[0].legend(fontsize=8)
+    axes[1].plot(steps, history["shift_x"], label="$\\|\\tilde b - b\\|$, GD on x")
+    axes[1].plot(steps, history["shift_A"], label="$\\|\\tilde b - b\\|$, updates of A")
+    axes[1].plot(steps, history["prediction_distance"], label="$\\|f(A, x_t) - f(A_t, x)\\|$")
+    twin = axes[1].twinx()
+    twin.plot(steps, history["shift_cosine"], color="gray", linestyle=":", label="cosine of the two shifts")
+    twin.set(ylim=(-1.05, 1.05), ylabel="cosine")
+    axes[1].set(xlabel="step", ylabel="norm", title="induced shifts of b")
+    lines = axes[1].get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+    axes[1].legend(lines, [line.get_label() for line in lines], fontsize=8)
+    for axis in axes:
+        axis.grid(True, alpha=0.3)
+    figure.suptitle(title)
     figure.tight_layout()
     return figure

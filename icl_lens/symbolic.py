@@ -129,3 +129,72 @@ def theorem_b_1(num_demos=2, num_query_side=1, dim=2, num_features=2):
         "gradient_residual": (gradient - closed_form).applyfunc(sp.simplify),
         "prediction_residual": (prediction - (W_F * base["attention"] + b)).applyfunc(sp.simplify),
     }
+
+
+def softmax_regression_gradient_lemma(n=3, d=2):
+    """DLS23 Lemma 5.6 on symbolic A (n x d), x, b: each part's derivative minus its closed form.
+
+    Returns a dict part -> sympy Matrix of residuals (rows: coordinates i of x), all of which must be 0,
+    plus the residual of the vector forms grad_x = A^T (diag f - f f^T) c and grad_A = (diag f - f f^T) c x^T.
+    """
+    A = sp.Matrix(n, d, lambda r, k: sp.Symbol(f"a_{r + 1}{k + 1}", real=True))
+    x = sp.Matrix(d, 1, lambda k, _: sp.Symbol(f"x_{k + 1}", real=True))
+    b = sp.Matrix(n, 1, lambda r, _: sp.Symbol(f"b_{r + 1}", real=True))
+    exp_Ax = (A * x).applyfunc(sp.exp)
+    alpha = sum(exp_Ax)
+    f = exp_Ax / alpha
+    c = f - b
+    loss = (c.T * c)[0, 0] / 2
+    residuals = {key: [] for key in ("exp", "alpha", "alpha_inverse", "f", "f_dot_b", "loss")}
+    for i in range(d):
+        column = A[:, i]
+        f_dot_column = (f.T * column)[0, 0]
+        hadamard = f.multiply_elementwise(column)
+        closed = {
+            "exp": exp_Ax.multiply_elementwise(column),
+            "alpha": sp.Matrix([(exp_Ax.T * column)[0, 0]]),
+            "alpha_inverse": sp.Matrix([-f_dot_column / alpha]),
+            "f": -f_dot_column * f + hadamard,
+            "f_dot_b": sp.Matrix([-f_dot_column * (f.T * b)[0, 0] + (hadamard.T * b)[0, 0]]),
+            "loss": sp.Matrix([-f_dot_column * (c.T * f)[0, 0] + (c.T * hadamard)[0, 0]]),
+        }
+        derivative = {
+            "exp": exp_Ax.diff(x[i]),
+            "alpha": sp.Matrix([sp.diff(alpha, x[i])]),
+            "alpha_inverse": sp.Matrix([sp.diff(1 / alpha, x[i])]),
+            "f": f.diff(x[i]),
+            "f_dot_b": sp.Matrix([sp.diff((f.T * b)[0, 0], x[i])]),
+            "loss": sp.Matrix([sp.diff(loss, x[i])]),
+        }
+        for key in residuals:
+            residuals[key].append((derivative[key] - closed[key]).applyfunc(sp.simplify))
+    result = {key: sp.Matrix.hstack(*columns) for key, columns in residuals.items()}
+    jacobian = sp.diag(*f) - f * f.T
+    gradient_x = sp.Matrix([sp.diff(loss, x[i]) for i in range(d)])
+    result["grad_x_vector_form"] = (gradient_x - A.T * jacobian * c).applyfunc(sp.simplify)
+    gradient_A = sp.Matrix(n, d, lambda r, k: sp.diff(loss, A[r, k]))
+    result["grad_A_vector_form"] = (gradient_A - jacobian * c * x.T).applyfunc(sp.simplify)
+    return result
+
+
+def shift_decomposition(n=3):
+    """delta_b = delta_b1 + delta_b2 (Sec. 5.2) as an identity in the exponentials: the residual, 0."""
+    u = sp.Matrix(n, 1, lambda r, _: sp.Symbol(f"u_{r + 1}", positive=True))   # exp(A x_t)
+    v = sp.Matrix(n, 1, lambda r, _: sp.Symbol(f"v_{r + 1}", positive=True))   # exp(A x_{t+1})
+    alpha_u, alpha_v = sum(u), sum(v)
+    delta = u / alpha_u - v / alpha_v
+    parts = (1 / alpha_u - 1 / alpha_v) * u + (u - v) / alpha_v
+    return (delta - parts).applyfunc(sp.simplify)
+
+
+def basic_fact_scalar_threshold():
+    """The largest u* with e^u - 1 <= 2u on [0, u*]: the root of e^u - 1 - 2u beyond 0 (about 1.2564).
+
+    Returns (u_star, derivative_sign_change): g(u) = 2u - (e^u - 1) has g(0) = 0, g' = 2 - e^u > 0 on
+    [0, log 2), so g rises, then falls to its root u*; for u < 0, |e^u - 1| = 1 - e^u <= |u| <= 2|u|.
+    """
+    u = sp.Symbol("u", real=True)
+    g = 2 * u - (sp.exp(u) - 1)
+    turning_point = sp.solve(sp.diff(g, u), u)[0]
+    root = sp.nsolve(g, u, 1.2)
+    return root, turning_point
