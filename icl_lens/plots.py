@@ -156,3 +156,24 @@ def closeness_figure(history, title="GD on x against updates of A"):
     figure.suptitle(title)
     figure.tight_layout()
     return figure
+
+
+def bound_figure(results, title="Theorem 3.2: measured gap against the bound"):
+    """Per label: every draw's measured gap L(f_hat) - L_hat(f_hat) (dots), its mean, and the bound (line)."""
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for (label, result), colour in zip(results.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"]):
+        sizes = result["sample_sizes"]
+        for axis, measured, bound, name in ((axes[0], "gap", "gap_bound", "L(f_hat) - L_hat(f_hat)"),
+                                            (axes[1], "excess", "excess_bound", "L(f_hat) - L(f*)")):
+            for N, values in zip(sizes, result[measured]):
+                positive = [v for v in values if v > 0]
+                axis.scatter([N] * len(positive), positive, s=4, alpha=0.25, color=colour)
+            axis.plot(sizes, [max(v) for v in result[measured]], color=colour, marker="o", label=f"{label}: largest measured")
+            axis.plot(sizes, [min(b) for b in result[bound]], color=colour, linestyle="--", label=f"{label}: bound (smallest over draws)")
+            axis.set(xscale="log", yscale="log", xlabel="N (demonstrations)", title=name)
+    for axis in axes:
+        axis.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    figure.suptitle(title)
+    figure.tight_layout()
+    return figure

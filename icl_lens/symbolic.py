@@ -198,3 +198,49 @@ def basic_fact_scalar_threshold():
     turning_point = sp.solve(sp.diff(g, u), u)[0]
     root = sp.nsolve(g, u, 1.2)
     return root, turning_point
+
+
+def rademacher_second_moment(num_samples=2, output_dim=2, num_features=2):
+    """E ||sum_i eps_i phi_i^T||_F^2 = d_o sum_i ||phi_i||^2 = d_o Tr(K_S), by exact enumeration of all
+    2^(N d_o) sign patterns with symbolic features. Returns (average, d_o Tr K_S, residual)."""
+    import itertools
+
+    phi = sp.Matrix(num_samples, num_features, lambda i, r: sp.Symbol(f"phi_{i + 1}{r + 1}", real=True))
+    patterns = list(itertools.product((-1, 1), repeat=num_samples * output_dim))
+    total = 0
+    for pattern in patterns:
+        eps = sp.Matrix(num_samples, output_dim, pattern)
+        summed = eps.T * phi
+        total += sum(entry**2 for entry in summed)
+    average = sp.expand(total / len(patterns))
+    trace_form = output_dim * sum(entry**2 for entry in phi)
+    return average, trace_form, sp.simplify(average - trace_form)
+
+
+def loss_gradient_norms(output_dim=2, negatives=2):
+    """Squared gradient norms of the two losses of Theorem 3.2 / C.2 as functions of their arguments.
+
+    h(u) = -<u_1, u_2> has ||grad h||^2 = ||u_1||^2 + ||u_2||^2 (so sqrt(2) rho on the rho-balls);
+    h^-(u) = -1/K sum_j <u_1, u_2 - u_{j+2}> has ||grad||^2 = ||u_2 - mean_j u_{j+2}||^2 + (1 + 1/K) ||u_1||^2,
+    at most (4 + 1 + 1/K) rho^2. Returns both expressions and the residuals against these closed forms.
+    """
+    blocks = [sp.Matrix(output_dim, 1, lambda a, _: sp.Symbol(f"u{k}_{a + 1}", real=True)) for k in range(negatives + 2)]
+    u1, u2, others = blocks[0], blocks[1], blocks[2:]
+    variables = [entry for block in blocks for entry in block]
+
+    def squared_gradient(expression, used):
+        return sp.expand(sum(sp.diff(expression, v) ** 2 for v in used))
+
+    h = -(u1.T * u2)[0, 0]
+    binary = squared_gradient(h, variables[: 2 * output_dim])
+    binary_closed = sp.expand((u1.T * u1)[0, 0] + (u2.T * u2)[0, 0])
+    h_negative = -sum((u1.T * (u2 - other))[0, 0] for other in others) / negatives
+    negative = squared_gradient(h_negative, variables)
+    mean_other = sum(others, sp.zeros(output_dim, 1)) / negatives
+    negative_closed = sp.expand(((u2 - mean_other).T * (u2 - mean_other))[0, 0] + (1 + sp.Rational(1, negatives)) * (u1.T * u1)[0, 0])
+    return {
+        "binary": binary,
+        "binary_residual": sp.simplify(binary - binary_closed),
+        "negative": negative,
+        "negative_residual": sp.simplify(negative - negative_closed),
+    }
