@@ -35,7 +35,11 @@ def frame_explorer(render, options, *, description):
         continuous_update=True,
         style={"description_width": "initial"},
     )
-    explorer = widgets.VBox([slider, stack])
+    note = widgets.HTML(
+        "<small>Frames computed when this page was built. Open the chapter in Jupyter or Binder "
+        "(rocket button) to recompute with other values.</small>"
+    )
+    explorer = widgets.VBox([slider, stack, note])
     explorer.link = widgets.jslink((slider, "index"), (stack, "selected_index"))
     return explorer
 

@@ -23,3 +23,13 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || [ ! -f _vendor/require.js ]; 
     cp js/node_modules/@jupyter-widgets/html-manager/dist/embed-amd.js _vendor/html-manager/embed-amd.js
     echo "$want" > "$stamp"
 fi
+
+# The browser test opens the built pages in Debian's chromium (Playwright drives it; it downloads no
+# browser of its own).
+if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        (apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; }) >/dev/null
+    else
+        echo "setup: chromium is missing; install it (sudo apt-get install chromium) for tests/test_browser.py" >&2
+    fi
+fi

@@ -1,3 +1,7 @@
+import pathlib
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -16,3 +20,24 @@ def random_layer_weights(d_in, d_out, generator, dtype=torch.float64, device="cp
     return tuple(
         (torch.randn(d_out, d_in, generator=generator, dtype=dtype) / d_in**0.5).to(device) for _ in range(3)
     )
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def build_book(source, output):
+    """jupyter-book build with warnings as errors, every chapter executed; returns the CompletedProcess."""
+    return subprocess.run(
+        [str(pathlib.Path(sys.executable).parent / "jupyter-book"), "build", str(source), "--path-output", str(output),
+         "-W", "--keep-going", "--all"],
+        capture_output=True, text=True, timeout=1500,
+    )
+
+
+@pytest.fixture(scope="session")
+def built_book(tmp_path_factory):
+    """The whole book, built once per test session (quick mode under scripts/test.sh): its html folder."""
+    output = tmp_path_factory.mktemp("book")
+    result = build_book(ROOT, output)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return output / "_build" / "html"

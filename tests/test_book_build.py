@@ -3,30 +3,13 @@
 import pathlib
 import re
 import shutil
-import subprocess
-import sys
 
-import pytest
 import yaml
 
+from conftest import build_book
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-JUPYTER_BOOK = pathlib.Path(sys.executable).parent / "jupyter-book"
 REMOTE = re.compile(r"""(?:src|href)=["'](https?:)?//(?!mybinder\.org|github\.com)[^"']+\.(?:js|css)""")
-
-
-def build(source, output):
-    return subprocess.run(
-        [str(JUPYTER_BOOK), "build", str(source), "--path-output", str(output), "-W", "--keep-going", "--all"],
-        capture_output=True, text=True, timeout=1200,
-    )
-
-
-@pytest.fixture(scope="module")
-def built_book(tmp_path_factory):
-    output = tmp_path_factory.mktemp("book")
-    result = build(ROOT, output)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    return output / "_build" / "html"
 
 
 def test_every_chapter_is_rendered(built_book):
@@ -58,12 +41,13 @@ def test_a_failing_check_fails_the_build(tmp_path):
     shutil.copy(ROOT / "_config.yml", source / "_config.yml")
     shutil.copy(ROOT / "book" / "references.bib", source / "book" / "references.bib")
     (source / "_vendor").symlink_to(ROOT / "_vendor")
+    (source / "book" / "_ext").symlink_to(ROOT / "book" / "_ext")
     (source / "_toc.yml").write_text("format: jb-book\nroot: book/broken\n")
     header = (ROOT / "book" / "theorem_3_1.md").read_text().split("---", 2)[1]
     (source / "book" / "broken.md").write_text(
         f"---{header}---\n\n# Broken\n\n```{{code-cell}} ipython3\nassert 1 + 1 == 3, 'a theorem failed'\n```\n"
     )
-    result = build(source, tmp_path / "out")
+    result = build_book(source, tmp_path / "out")
     assert result.returncode != 0
     assert "a theorem failed" in result.stdout + result.stderr
 

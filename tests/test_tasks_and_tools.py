@@ -128,7 +128,8 @@ def test_frame_explorer_links_slider_to_frames():
         return figure
 
     box = frame_explorer(render, [1, 2, 3], description="n")
-    slider, stack = box.children
+    slider, stack, note = box.children
+    assert "Binder" in note.value
     assert isinstance(stack, widgets.Stack) and len(stack.children) == 3
     assert [label for label, _ in zip(slider.options, range(3))] == [("1", 0), ("2", 1), ("3", 2)] or len(slider.options) == 3
     assert [label for label, _ in slider.options] == ["1", "2", "3"]

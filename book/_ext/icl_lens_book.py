@@ -1,0 +1,68 @@
+"""Small fixes to the built pages, so that they load with no JavaScript error and nothing missing.
+
+1. The thebe configuration script is inserted twice (sphinx-thebe's set-up runs twice under Jupyter
+   Book), declaring ``const THEBE_JS_URL`` twice, a SyntaxError in the browser: after the build,
+   identical inline scripts are kept once per page. The theme's first-visit mode "" becomes "auto".
+2. The ipywidgets HTML manager typesets widget labels with the MathJax 2 call ``MathJax.Hub.Queue``;
+   the book serves MathJax 3, which has no ``Hub``. ``icl_lens_shims.js`` maps the call to MathJax 3.
+3. The HTML manager loads its icon fonts from ``<page folder>/@jupyter-widgets/html-manager/dist/``;
+   copy them there from the vendored package.
+"""
+
+import pathlib
+import re
+import shutil
+
+HERE = pathlib.Path(__file__).resolve().parent
+FONT_SUFFIXES = {".woff", ".woff2", ".ttf", ".eot", ".svg"}
+
+
+INLINE_SCRIPT = re.compile(r"<script>(.*?)</script>\n?", re.DOTALL)
+
+
+def drop_duplicate_inline_scripts(html):
+    """Keep the first of identical inline <script> elements (a page loads each once)."""
+    seen = set()
+
+    def keep_first(match):
+        if match.group(1) in seen:
+            return ""
+        seen.add(match.group(1))
+        return match.group(0)
+
+    return INLINE_SCRIPT.sub(keep_first, html)
+
+
+def fix_pages(app, exception):
+    if exception is not None or app.builder.format != "html":
+        return
+    outdir = pathlib.Path(app.outdir)
+    for page in outdir.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        # on a first visit the theme reads an empty mode from localStorage and logs an error
+        fixed = drop_duplicate_inline_scripts(text).replace(
+            'dataset.mode = localStorage.getItem("mode") || "";', 'dataset.mode = localStorage.getItem("mode") || "auto";')
+        if fixed != text:
+            page.write_text(fixed, encoding="utf-8")
+    copy_widget_fonts(outdir, pathlib.Path(app.srcdir))
+
+
+def copy_widget_fonts(outdir, srcdir):
+    source = srcdir / "js" / "node_modules" / "@jupyter-widgets" / "html-manager" / "dist"
+    if not source.exists():
+        return
+    fonts = [path for path in source.iterdir() if path.suffix in FONT_SUFFIXES]
+    for folder in {outdir, *(page.parent for page in outdir.rglob("*.html"))}:
+        if "_static" in folder.parts:
+            continue
+        target = folder / "@jupyter-widgets" / "html-manager" / "dist"
+        target.mkdir(parents=True, exist_ok=True)
+        for font in fonts:
+            shutil.copy2(font, target / font.name)
+
+
+def setup(app):
+    app.connect("build-finished", fix_pages)
+    app.connect("builder-inited", lambda app: app.config.html_static_path.append(str(HERE / "static")))
+    app.add_js_file("icl_lens_shims.js", loading_method="defer", priority=900)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,121 @@
+"""Every page of the built book, opened in headless Chromium as a reader would open it.
+
+For each page: no JavaScript error, no request leaves the machine, MathJax typesets its math with no
+error node, every image loads, every internal link points at a file of the build, and pages with
+widgets render them from the embedded state. A screenshot of each page goes to ``screenshots/``.
+"""
+
+import pathlib
+import shutil
+import urllib.parse
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--no-first-run", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def html_pages(built_book):
+    assert CHROMIUM, "headless Chromium is needed: apt-get install chromium (scripts/setup.sh does this as root)"
+    pages = sorted(p for p in built_book.rglob("*.html")
+                   if "_static" not in p.parts and p.name not in {"search.html", "genindex.html"})
+    assert len(pages) >= 10
+    return built_book, pages
+
+
+def check_page(browser, html, page_path, screenshots):
+    page = browser.new_page(viewport={"width": 1280, "height": 1600})
+    errors, remote = [], []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+
+    def route(route_request):
+        url = route_request.request.url
+        if url.startswith(("file://", "data:", "blob:", "about:")):
+            return route_request.continue_()
+        remote.append(url)
+        return route_request.abort()
+
+    page.route("**/*", route)
+    page.goto(page_path.as_uri(), wait_until="load")
+    page.wait_for_function("() => !window.MathJax || (MathJax.startup && MathJax.startup.promise)", timeout=30000)
+    page.evaluate("() => window.MathJax && MathJax.startup.promise")
+    has_math = page.evaluate("() => document.querySelectorAll('.math, span.math, div.math').length")
+    typeset = page.evaluate("() => document.querySelectorAll('mjx-container').length")
+    math_errors = page.evaluate("() => document.querySelectorAll('mjx-merror').length")
+    images = page.evaluate("() => Array.from(document.images).filter(i => !i.src.includes('logo'))"
+                           ".map(i => [i.src.slice(0, 80), i.complete && i.naturalWidth > 0])")
+    links = page.evaluate("() => Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href'))")
+    # the root index.html redirects to the first chapter: links resolve against where the browser is
+    landed = pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(page.url).path))
+    has_widgets = page.evaluate("() => document.querySelectorAll('script[type=\"application/vnd.jupyter.widget-view+json\"]').length")
+    if has_widgets:
+        page.wait_for_selector(".widget-slider, .jupyter-widgets", timeout=20000)
+    rendered_widgets = page.evaluate("() => document.querySelectorAll('.widget-slider, .widget-dropdown').length")
+    page.screenshot(path=str(screenshots / f"{page_path.stem}.png"), full_page=False)
+    page.close()
+
+    problems = []
+    if errors:
+        problems.append(f"JavaScript errors: {errors[:3]}")
+    if remote:
+        problems.append(f"requests off the machine: {remote[:3]}")
+    if has_math and not typeset:
+        problems.append("math present but MathJax typeset nothing")
+    if math_errors:
+        problems.append(f"{math_errors} MathJax error nodes")
+    broken = [src for src, ok in images if not ok]
+    if broken:
+        problems.append(f"images not loaded: {broken[:3]}")
+    for href in links:
+        if href.startswith(("http:", "https:", "mailto:", "#", "javascript:")):
+            continue
+        target = urllib.parse.unquote(href.split("#")[0])
+        if target and not (landed.parent / target).resolve().exists():
+            problems.append(f"broken internal link {href}")
+    if has_widgets and not rendered_widgets:
+        problems.append("widget state embedded but no widget rendered")
+    return problems, {"math": typeset, "images": len(images), "widgets": rendered_widgets}
+
+
+def test_every_page_in_chromium(html_pages):
+    from playwright.sync_api import sync_playwright
+
+    html, pages = html_pages
+    screenshots = ROOT / "screenshots"
+    screenshots.mkdir(exist_ok=True)
+    report, failures = {}, {}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        for page_path in pages:
+            problems, counts = check_page(browser, html, page_path, screenshots)
+            report[page_path.name] = counts
+            if problems:
+                failures[str(page_path.relative_to(html))] = problems
+        browser.close()
+    print(report)
+    assert not failures, failures
+    chapters = [name for name in report if name not in {"index.html", "references.html"}]
+    assert sum(report[name]["math"] > 0 for name in chapters) >= len(chapters) - 1
+    assert sum(report[name]["widgets"] > 0 for name in chapters) >= 1
+
+
+def test_the_checker_catches_a_broken_page(tmp_path):
+    """A page with a remote script, a missing image and bad math is reported, so passing means something."""
+    from playwright.sync_api import sync_playwright
+
+    assert CHROMIUM
+    page_path = tmp_path / "broken.html"
+    page_path.write_text(
+        "<html><body><img src='missing.png'><a href='nowhere.html'>x</a>"
+        "<script src='https://cdn.example.invalid/x.js'></script><script>undefined_function()</script></body></html>")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        problems, _ = check_page(browser, tmp_path, page_path, tmp_path)
+        browser.close()
+    text = " ".join(problems)
+    for expected in ("JavaScript errors", "requests off the machine", "images not loaded", "broken internal link"):
+        assert expected in text, (expected, problems)
