@@ -7,6 +7,7 @@ One module per idea, each named after what it computes:
 - :mod:`icl_lens.dual`          the dual models: Theorem 3.1 (Eqs. (8)-(9), (16)-(19)), Theorem B.1
                                 (Eqs. (20)-(23)) and Theorem B.2 (Eqs. (24)-(25))
 - :mod:`icl_lens.bounds`        the generalization bound of Theorem 3.2 and C.2, and its experiment
+- :mod:`icl_lens.modifications` regularized, augmented, negative-sample and ridge attention (Sec. 4, App. D)
 - :mod:`icl_lens.ffn_rank`      the rank bound of W_F (Fig. 14, right)
 - :mod:`icl_lens.constructions` linear attention as a dual (Eqs. (3)-(4)); von Oswald et al. (App. F)
 - :mod:`icl_lens.softmax_regression` Li et al.: definitions, gradient lemma, Lipschitz lemmas, shift of b
