@@ -119,3 +119,26 @@ def test_the_checker_catches_a_broken_page(tmp_path):
     text = " ".join(problems)
     for expected in ("JavaScript errors", "requests off the machine", "images not loaded", "broken internal link"):
         assert expected in text, (expected, problems)
+
+
+def test_frame_explorer_moves_without_a_kernel(html_pages):
+    """Pressing the arrow key on the first slider of a chapter switches the frame shown, in plain HTML."""
+    from playwright.sync_api import sync_playwright
+
+    html, _ = html_pages
+    visible_images = ("() => Array.from(document.querySelectorAll('.jupyter-widgets img'))"
+                      ".filter(i => i.offsetParent !== null).map(i => i.src)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        for chapter in ("theorem_3_1", "kernels", "modifications"):
+            page = browser.new_page(viewport={"width": 1280, "height": 1600})
+            page.goto((html / "book" / f"{chapter}.html").as_uri(), wait_until="load")
+            page.wait_for_selector(".noUi-handle", timeout=20000)
+            before = page.evaluate(visible_images)
+            page.locator(".noUi-handle").first.focus()
+            page.keyboard.press("ArrowRight")
+            page.wait_for_timeout(300)
+            after = page.evaluate(visible_images)
+            page.close()
+            assert before and after and before[0] != after[0], chapter
+        browser.close()
