@@ -6,7 +6,7 @@ over 50 repeats with its trained layers; here the weights are random with entrie
 numbers are of the same kind but not the paper's.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -50,7 +50,6 @@ class AttentionLayer:
     W_Q: torch.Tensor
     W_K: torch.Tensor
     W_V: torch.Tensor
-    extra: dict = field(default_factory=dict)
 
 
 def random_layer(num_tokens, dim, *, generator, dtype=torch.float64, device="cpu"):

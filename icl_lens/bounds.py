@@ -100,7 +100,7 @@ def estimate_population(sample, W_K, W_V, feature_map, num_samples, *, chunk=20_
     return Population(M / num_samples, mean_value / num_samples, mean_feature / num_samples, num_samples)
 
 
-# --- rho: a bound on every prediction and label -------------------------------------------------------
+# --- rho: a bound on every prediction and label (used by make_bound_setting) -------------------------------------------------------
 
 
 def max_feature_norm(omega, radius):
@@ -116,15 +116,6 @@ def max_feature_norm(omega, radius):
     lengths = omega.norm(dim=1)
     exponent = torch.where(lengths <= radius, lengths**2, 2 * lengths * radius - radius**2)
     return float(torch.exp(exponent).mean().sqrt())
-
-
-def rho_bound(W_K, W_V, omega, token_radius, w):
-    """rho = max(sup ||W_V x||, w sup ||phi(W_K x)||) over tokens with ||x|| <= token_radius."""
-    token_radius = check_positive_float(token_radius, "token_radius")
-    w = check_positive_float(w, "w")
-    value_bound = float(torch.linalg.matrix_norm(W_V, ord=2)) * token_radius
-    key_radius = float(torch.linalg.matrix_norm(W_K, ord=2)) * token_radius
-    return max(value_bound, w * max_feature_norm(omega, key_radius))
 
 
 # --- the bound ----------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from icl_lens.attention import queries_and_keys, values
-from icl_lens.validation import as_tensor, check_positive_float, check_rank_at_least
+from icl_lens.validation import as_tensor, check_matrix, check_positive_float, check_rank_at_least
 
 
 @dataclass
@@ -155,8 +155,6 @@ class TransformerLayerDual(DualModel):
 
 
 def check_feed_forward(W_1, b_1, W_2, b_2, d_o):
-    from icl_lens.validation import check_matrix
-
     check_matrix(W_1, "W_1", (None, d_o))
     check_matrix(W_2, "W_2", (d_o, W_1.shape[0]))
     for name, bias, size in (("b_1", b_1, W_1.shape[0]), ("b_2", b_2, d_o)):
