@@ -20,6 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
+from icl_lens import tasks
+from icl_lens.device import generator as make_generator
+from icl_lens.kernels import PositiveRandomFeatures, draw_omega
 from icl_lens.validation import as_tensor, check_positive_float, check_positive_int
 
 
@@ -262,9 +265,6 @@ class BoundSetting:
 
 
 def make_bound_setting(config, generator):
-    from icl_lens import tasks
-    from icl_lens.kernels import PositiveRandomFeatures, draw_omega
-
     task = tasks.RegressionTask.linear()
     d = task.token_dim
     weight = tasks.sample_task_weight(task, generator=generator)
@@ -292,8 +292,6 @@ def bound_experiment(config, *, negatives=None, setting=None, generator=None):
     L(f_hat) - L(f*), and the two bounds (uniform: Rademacher + confidence; excess: Theorem 3.2).
     With ``negatives=K`` the same for the C.2 loss with K negatives per token.
     """
-    from icl_lens.device import generator as make_generator
-
     generator = generator if generator is not None else make_generator(config.seed)
     setting = setting if setting is not None else make_bound_setting(config, generator)
     d_o = setting.W_V.shape[0]

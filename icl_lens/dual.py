@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from icl_lens.attention import queries_and_keys, values
+from icl_lens.attention import kernel_attention, queries_and_keys, values
 from icl_lens.validation import as_tensor, check_matrix, check_positive_float, check_rank_at_least
 
 
@@ -203,8 +203,6 @@ def prefix_lm_forward(tokens, layers, feature_maps, *, scale=None):
     (W_Q, W_K, W_V), each d x d; ``feature_maps`` one feature map per layer. Returns the hidden
     states [H^(0), H^(1), ..., H^(L)], each (..., N + 1, d).
     """
-    from icl_lens.attention import kernel_attention
-
     check_stack(tokens, layers, feature_maps)
     hidden = [tokens]
     for (W_Q, W_K, W_V), feature_map in zip(layers, feature_maps):
@@ -258,8 +256,6 @@ def stacked_duals(tokens, layers, feature_maps, *, lr=1.0, scale=None):
         h_i^(l) = D^(l) / D_i^(l) [f_hat(q_i) - f_init(q_i)],  D_i^(l) = sum_j over demos phi(k_j) . phi(q_i).
     Returns one :class:`StackedLayer` per layer; the last ``query_output`` equals the L-layer forward pass.
     """
-    from icl_lens.attention import queries_and_keys
-
     check_stack(tokens, layers, feature_maps)
     H = tokens
     stack = []

@@ -14,7 +14,7 @@ specification, Section 8.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -174,6 +174,4 @@ def safe_radius(A, tolerance=1e-12):
 
 def with_negative_samples(prompt, demos, W_V, neighbours, beta):
     """The prompt with demonstration labels W_V x~_i (Eq. (15)); keys and scores are unchanged."""
-    from dataclasses import replace
-
     return replace(prompt, demo_values=negative_tokens(demos, neighbours, beta) @ W_V.T)
