@@ -8,6 +8,9 @@ One module per idea, each named after what it computes:
                                 (Eqs. (20)-(23)) and Theorem B.2 (Eqs. (24)-(25))
 - :mod:`icl_lens.bounds`        the generalization bound of Theorem 3.2 and C.2, and its experiment
 - :mod:`icl_lens.modifications` regularized, augmented, negative-sample and ridge attention (Sec. 4, App. D)
+- :mod:`icl_lens.layers`        trainable self-attention with every modification as a switch, batched
+- :mod:`icl_lens.experiments`   the regression experiments of Section 5 (Figs. 3, 10-13)
+- :mod:`icl_lens.reproduce`     ``python -m icl_lens reproduce fig3``: figures as PNG + JSON
 - :mod:`icl_lens.ffn_rank`      the rank bound of W_F (Fig. 14, right)
 - :mod:`icl_lens.constructions` linear attention as a dual (Eqs. (3)-(4)); von Oswald et al. (App. F)
 - :mod:`icl_lens.softmax_regression` Li et al.: definitions, gradient lemma, Lipschitz lemmas, shift of b

@@ -15,6 +15,7 @@ specification, Section 8.
 
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import torch
 
@@ -32,10 +33,22 @@ class KernelPrompt:
     query: torch.Tensor          # (d_o,), sqrt(scale) W_Q x'
     feature_map: object
 
+    # features are computed once per prompt; dataclasses.replace builds a new prompt with fresh ones
+    @cached_property
+    def demo_features(self):
+        return self.feature_map(self.demo_keys)
+
+    @cached_property
+    def query_side_features(self):
+        return self.feature_map(self.query_keys)
+
+    @cached_property
+    def query_features(self):
+        return self.feature_map(self.query)
+
     def scores(self):
         """phi(k_j) . phi(q) for the demonstrations and the query side."""
-        q = self.feature_map(self.query)
-        return self.feature_map(self.demo_keys) @ q, self.feature_map(self.query_keys) @ q
+        return self.demo_features @ self.query_features, self.query_side_features @ self.query_features
 
     def normaliser(self):
         demo, query_side = self.scores()
@@ -43,14 +56,14 @@ class KernelPrompt:
 
     def initial_weight(self):
         """W0 = 1/D sum over the query side of v_j phi(k_j)^T."""
-        return self.query_values.T @ self.feature_map(self.query_keys) / self.normaliser()
+        return self.query_values.T @ self.query_side_features / self.normaliser()
 
     def demo_update(self):
         """Delta W = 1/D sum_i v_i phi(k_i)^T: minus lr times the gradient of the (unregularized) loss."""
-        return self.demo_values.T @ self.feature_map(self.demo_keys) / self.normaliser()
+        return self.demo_values.T @ self.demo_features / self.normaliser()
 
     def predict(self, W):
-        return W @ self.feature_map(self.query)
+        return W @ self.query_features
 
 
 def kernel_prompt(demos, queries, W_Q, W_K, W_V, feature_map, *, query_index=-1, scale=None,
@@ -90,8 +103,7 @@ def modified_attention(prompt, *, query_side_factor=1.0):
 
 def regularized_loss(prompt, W, alpha, lr):
     """Eq. (11): -1/(lr D) sum_i v_i . W phi(k_i) + alpha/(2 lr) ||W||_F^2."""
-    features_ = prompt.feature_map(prompt.demo_keys)
-    linear = -(prompt.demo_values * (features_ @ W.T)).sum() / (lr * prompt.normaliser())
+    linear = -(prompt.demo_values * (prompt.demo_features @ W.T)).sum() / (lr * prompt.normaliser())
     return linear + alpha / (2 * lr) * (W**2).sum()
 
 
@@ -134,7 +146,7 @@ def ridge_weight(prompt, ridge):
     """W* = V_D^T Phi (Phi^T Phi + lambda I)^-1 (rows: Phi is (N, d_r)), the minimiser of
     1/2 sum_i |v_i - W phi_i|^2 + lambda/2 ||W||_F^2."""
     ridge = check_positive_float(ridge, "ridge")
-    features_ = prompt.feature_map(prompt.demo_keys)
+    features_ = prompt.demo_features
     gram = features_.T @ features_ + ridge * torch.eye(features_.shape[1], dtype=features_.dtype, device=features_.device)
     return torch.linalg.solve(gram, features_.T @ prompt.demo_values).T
 
@@ -142,16 +154,15 @@ def ridge_weight(prompt, ridge):
 def ridge_attention(prompt, ridge):
     """Eq. (33) in kernel form: V_D^T (K_S + lambda I_N)^-1 Phi phi(q), K_S = Phi Phi^T (push-through)."""
     ridge = check_positive_float(ridge, "ridge")
-    features_ = prompt.feature_map(prompt.demo_keys)
+    features_ = prompt.demo_features
     K_S = features_ @ features_.T
     weights = torch.linalg.solve(K_S + ridge * torch.eye(K_S.shape[0], dtype=K_S.dtype, device=K_S.device),
-                                 features_ @ prompt.feature_map(prompt.query))
+                                 features_ @ prompt.query_features)
     return prompt.demo_values.T @ weights
 
 
 def ridge_loss(prompt, W, ridge):
-    features_ = prompt.feature_map(prompt.demo_keys)
-    return 0.5 * ((prompt.demo_values - features_ @ W.T) ** 2).sum() + 0.5 * ridge * (W**2).sum()
+    return 0.5 * ((prompt.demo_values - prompt.demo_features @ W.T) ** 2).sum() + 0.5 * ridge * (W**2).sum()
 
 
 # --- Lemma D.1 -----------------------------------------------------------------------------------------

@@ -17,11 +17,17 @@ def results_dir(chapter, root=None):
     if root is None and os.environ.get("ICL_LENS_RESULTS"):
         root = Path(os.environ["ICL_LENS_RESULTS"])
     if root is None:
-        here = Path.cwd().resolve()
-        root = next((p / "results" for p in (here, *here.parents) if (p / "_toc.yml").exists()), here / "results")
+        root = repository_root() / "results"
     folder = Path(root) / chapter
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def repository_root():
+    """The folder holding ``_toc.yml``, searched from the working directory upward (else the working
+    directory): chapters run from ``book/`` and from the root agree on it."""
+    here = Path.cwd().resolve()
+    return next((p for p in (here, *here.parents) if (p / "_toc.yml").exists()), here)
 
 
 def to_plain(value):
@@ -41,6 +47,7 @@ def save_result(folder, name, data, figure=None, dpi=110):
     Returns the paths written. The figure is closed, so a notebook shows it once, from the file.
     """
     folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     paths = {"json": folder / f"{name}.json"}
     paths["json"].write_text(json.dumps(to_plain(data), sort_keys=True, indent=1) + "\n")
     if figure is not None:

@@ -1,0 +1,308 @@
+"""Trainable self-attention layers with the modifications of Section 4 / Appendix D, many at once.
+
+The paper trains one self-attention layer per setting (Section 5): Performer positive random features
+with d_r = 100 (d_t + d_s), or exact softmax. Each modification is a per-model switch with a neutral
+value, so models that differ in alpha, k, beta or augmentation share one set of tensors:
+
+    alpha        regularized attention (Eq. (12), D.1): the query's own score scaled by (1 - alpha)
+                 ("proportional", the form the loss gives) or lowered by alpha ("constant", A - alpha I),
+                 then, by default, the column renormalised (the self-attention version); 0 = off
+    value_map    g1 on the values W_V x (Eq. (14), D.2): "none", "gelu" (sigma(W x + b), one layer),
+                 "mlp-gelu" or "mlp-elu" (two layers, the g^+ of Appendix E)
+    key_map      g2 on the keys W_K x, same choices
+    negative_k,  negative samples (Eq. (15), D.3): each demonstration x_i becomes
+    beta         x_i - beta mean_{j in N(i)} x_j, N(i) its k lowest-attention tokens; k = 0 = off
+    ridge        the ridge / mesa layer of Eq. (33) (unnormalised kernel ridge regression); 0 = off
+
+An :class:`AttentionEnsemble` holds M such layers as stacked weights, shape (M, ...), and maps tokens
+(M, B, n, d) to the output of each sequence's last token (the query), (M, B, d). Summing the models'
+losses and stepping with per-model learning rates is exactly M independent SGD runs: no weight is
+shared, so each model's gradient is its own loss's gradient.
+
+Temperature: q and k are multiplied by d**-1/4 each before the feature map, so exp(q' . k') is the
+paper's exp(q . k / sqrt(d_o)) (as in :mod:`icl_lens.attention`).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from icl_lens.device import generator as make_generator
+from icl_lens.device import pick
+from icl_lens.validation import as_tensor, check_positive_int
+
+MAP_KINDS = ("none", "gelu", "mlp-gelu", "mlp-elu")
+
+
+@dataclass(frozen=True)
+class Modification:
+    """The switches of one model; the defaults are the plain ("normal") layer."""
+
+    alpha: float = 0.0
+    value_map: str = "none"
+    key_map: str = "none"
+    negative_k: int = 0
+    beta: float = 0.0
+    ridge: float = 0.0
+
+    def __post_init__(self):
+        for name in ("value_map", "key_map"):
+            if getattr(self, name) not in MAP_KINDS:
+                raise ValueError(f"{name} must be one of {MAP_KINDS}, got {getattr(self, name)!r}")
+        for name in ("alpha", "beta", "ridge"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be finite, got {getattr(self, name)}")
+        if not isinstance(self.negative_k, int) or self.negative_k < 0:
+            raise ValueError(f"negative_k must be a non-negative int, got {self.negative_k!r}")
+        if self.ridge < 0:
+            raise ValueError(f"ridge must be >= 0, got {self.ridge}")
+
+    @property
+    def is_normal(self):
+        return self == Modification()
+
+    @property
+    def name(self):
+        """A short label for legends: 'normal', 'alpha=0.1', 'g1=gelu', 'k=3 beta=0.1', joined by ' + '."""
+        parts = []
+        if self.alpha:
+            parts.append(f"alpha={self.alpha:g}")
+        if self.value_map != "none":
+            parts.append(f"g1={self.value_map}")
+        if self.key_map != "none":
+            parts.append(f"g2={self.key_map}")
+        if self.negative_k and self.beta:
+            parts.append(f"k={self.negative_k} beta={self.beta:g}")
+        if self.ridge:
+            parts.append(f"ridge={self.ridge:g}")
+        return " + ".join(parts) or "normal"
+
+
+@dataclass(frozen=True)
+class LayerConfig:
+    """What every model of an ensemble shares. ``num_features`` None means 100 * token_dim (Section 5)."""
+
+    token_dim: int = 12
+    num_features: int = None
+    kernel: str = "performer"                 # or "softmax"
+    regularized_form: str = "proportional"    # or "constant" (A - alpha I, the reading of Lemma D.1)
+    renormalise: bool = True                  # column normalisation of the regularized self-attention
+
+    def __post_init__(self):
+        check_positive_int(self.token_dim, "token_dim")
+        if self.num_features is not None:
+            check_positive_int(self.num_features, "num_features")
+        if self.kernel not in ("performer", "softmax"):
+            raise ValueError(f"kernel must be 'performer' or 'softmax', got {self.kernel!r}")
+        if self.regularized_form not in ("proportional", "constant"):
+            raise ValueError(f"regularized_form must be 'proportional' or 'constant', got {self.regularized_form!r}")
+
+    @property
+    def features(self):
+        return self.num_features or 100 * self.token_dim
+
+
+def initial_parameters(seed, config, dtype=torch.float64):
+    """The draws of one seed, on cpu: omega ~ N(0, I), and W_Q, W_K, W_V and the maps g1, g2 with
+    torch.nn.Linear's default U(-1/sqrt(d), 1/sqrt(d)). Models with one seed start identical."""
+    d = config.token_dim
+    g = make_generator(10_000 + seed)   # apart from the task's generator, which uses the seed itself
+    bound = 1 / math.sqrt(d)
+
+    def uniform(*shape):
+        return (2 * torch.rand(*shape, generator=g, dtype=dtype) - 1) * bound
+
+    drawn = {"omega": torch.randn(config.features, d, generator=g, dtype=dtype)}
+    for name in ("W_Q", "W_K", "W_V"):
+        drawn[name] = uniform(d, d)
+    for prefix in ("value", "key"):
+        drawn[f"{prefix}_W1"], drawn[f"{prefix}_b1"] = uniform(d, d), uniform(d)
+        drawn[f"{prefix}_W2"], drawn[f"{prefix}_b2"] = uniform(d, d), uniform(d)
+    return drawn
+
+
+def batched_linear(x, W, b=None):
+    """x (M, B, n, d_in) times per-model W (M, d_out, d_in), plus b (M, d_out)."""
+    out = x @ W.transpose(-1, -2).unsqueeze(1)
+    return out if b is None else out + b[:, None, None, :]
+
+
+def augment(x, W1, b1, W2, b2, kind):
+    """g(x) per model: identity (kind 0), GELU(W1 x + b1) (1), or W2 act(W1 x + b1) + b2 with GELU (2)
+    or ELU (3). All kinds are computed and one is chosen, which keeps one code path for the ensemble."""
+    hidden = batched_linear(x, W1, b1)
+    gelu = F.gelu(hidden)
+    inner = torch.where((kind == 3)[:, None, None, None], F.elu(hidden), gelu)
+    two_layer = batched_linear(inner, W2, b2)
+    kind = kind[:, None, None, None]
+    return torch.where(kind == 0, x, torch.where(kind == 1, gelu, two_layer))
+
+
+class AttentionEnsemble(torch.nn.Module):
+    """M self-attention layers, model m with ``modifications[m]`` and initial draws of ``seeds[m]``."""
+
+    def __init__(self, config, modifications, seeds, *, dtype=torch.float32, device="cpu"):
+        super().__init__()
+        if len(modifications) == 0 or len(modifications) != len(seeds):
+            raise ValueError(
+                f"modifications and seeds must be non-empty and of one length, got {len(modifications)} and {len(seeds)}"
+            )
+        for m in modifications:
+            if not isinstance(m, Modification):
+                raise ValueError(f"modifications must hold Modification objects, got {type(m).__name__}")
+            if config.renormalise and m.alpha and (m.alpha >= 1 if config.regularized_form == "proportional" else m.alpha == 1):
+                # the renormalising column sum 1 - alpha a_jj (or 1 - alpha) can reach zero
+                raise ValueError(f"alpha={m.alpha} with renormalise=True can divide by zero; use alpha < 1")
+        self.config = config
+        self.modifications = list(modifications)
+        self.seeds = [int(s) for s in seeds]
+        device = pick(device)
+        draws = {s: initial_parameters(s, config) for s in sorted(set(self.seeds))}
+
+        def stack(name):
+            return torch.stack([draws[s][name] for s in self.seeds]).to(dtype=dtype, device=device)
+
+        self.register_buffer("omega", stack("omega"))
+        for name in draws[self.seeds[0]]:
+            if name != "omega":
+                setattr(self, name, torch.nn.Parameter(stack(name)))
+
+        def per_model(values, kind=dtype):
+            return torch.tensor(values, dtype=kind, device=device)
+
+        self.register_buffer("alpha", per_model([m.alpha for m in modifications]))
+        self.register_buffer("beta", per_model([m.beta if m.negative_k else 0.0 for m in modifications]))
+        self.register_buffer("negative_k", per_model([m.negative_k if m.beta else 0 for m in modifications], torch.long))
+        self.register_buffer("ridge", per_model([m.ridge for m in modifications]))
+        self.register_buffer("value_kind", per_model([MAP_KINDS.index(m.value_map) for m in modifications], torch.long))
+        self.register_buffer("key_kind", per_model([MAP_KINDS.index(m.key_map) for m in modifications], torch.long))
+        self.max_negative_k = max(m.negative_k if m.beta else 0 for m in modifications)
+        # switches nobody uses are skipped, so a plain ensemble costs what a plain layer costs
+        self.uses = {
+            "alpha": any(m.alpha for m in modifications),
+            "value_map": any(m.value_map != "none" for m in modifications),
+            "key_map": any(m.key_map != "none" for m in modifications),
+            "negative": any(m.negative_k and m.beta for m in modifications),
+            "ridge": any(m.ridge for m in modifications),
+        }
+
+    @property
+    def num_models(self):
+        return len(self.seeds)
+
+    def check_tokens(self, tokens):
+        as_tensor(tokens, "tokens")
+        expected = (self.num_models, self.config.token_dim)
+        if tokens.dim() != 4 or (tokens.shape[0], tokens.shape[-1]) != expected:
+            raise ValueError(
+                f"tokens must be (models={expected[0]}, batch, tokens, dim={expected[1]}), got {tuple(tokens.shape)}"
+            )
+        if tokens.shape[2] < 2:
+            raise ValueError("tokens must hold at least one demonstration and the query (n >= 2)")
+        if tokens.dtype != self.W_Q.dtype or tokens.device != self.W_Q.device:
+            raise ValueError(f"tokens ({tokens.dtype}, {tokens.device}) must match the ensemble ({self.W_Q.dtype}, {self.W_Q.device})")
+
+    def keys(self, tokens):
+        k = batched_linear(tokens, self.W_K)
+        if self.uses["key_map"]:
+            k = augment(k, self.key_W1, self.key_b1, self.key_W2, self.key_b2, self.key_kind)
+        return k
+
+    def values(self, tokens):
+        v = batched_linear(tokens, self.W_V)
+        if self.uses["value_map"]:
+            v = augment(v, self.value_W1, self.value_b1, self.value_W2, self.value_b2, self.value_kind)
+        return v
+
+    def negative_neighbours(self, tokens, k):
+        """Indices (M, B, n, k_max) of each token's lowest-scoring other tokens, lowest first.
+
+        Scores are ranked by the logits q_i . k_j: exp is increasing, so this is the order of the
+        softmax scores, the ones the random features estimate; the choice is discrete and carries no
+        gradient. Model m uses the first ``negative_k[m]`` columns.
+        """
+        n, k_max = tokens.shape[-2], self.max_negative_k
+        if k_max >= n:
+            raise ValueError(f"negative_k={k_max} needs more than {k_max} tokens per sequence, got {n}")
+        with torch.no_grad():
+            logits = batched_linear(tokens, self.W_Q) @ k.transpose(-1, -2)
+            logits = logits.masked_fill(torch.eye(n, dtype=torch.bool, device=logits.device), math.inf)
+            return torch.topk(logits, k_max, dim=-1, largest=False, sorted=True).indices
+
+    def with_negatives(self, tokens, k):
+        """x~_i = x_i - beta / k sum_{j in N(i)} x_j for the demonstrations (Eq. (15)); the query is kept."""
+        index = self.negative_neighbours(tokens, k)
+        M, B, n, k_max = index.shape
+        gathered = tokens.gather(2, index.reshape(M, B, n * k_max, 1).expand(-1, -1, -1, tokens.shape[-1]))
+        gathered = gathered.reshape(M, B, n, k_max, -1)
+        used = torch.arange(k_max, device=tokens.device) < self.negative_k[:, None]
+        weight = used.to(tokens.dtype) * (self.beta / self.negative_k.clamp(min=1))[:, None]
+        shifted = tokens - (gathered * weight[:, None, None, :, None]).sum(-2)
+        return torch.cat([shifted[..., :-1, :], tokens[..., -1:, :]], dim=-2)
+
+    def query_log_scores(self, q, k):
+        """log of the query's unnormalised score for every token, (M, B, n), up to a constant per row.
+
+        Softmax: the logits q . k_j. Performer: phi(q) . phi(k_j) = 1/m sum_r exp(w_r . (q + k_j)
+        - |q|^2/2 - |k_j|^2/2) (Eq. (7)), so its log is logsumexp_r(w_r . (q + k_j) - |k_j|^2/2) plus a
+        constant of the row, which the softmax over j removes. One logsumexp never overflows and is
+        cheaper than forming phi(q) and phi(k) apart.
+        """
+        if self.config.kernel == "softmax":
+            return (k @ q.unsqueeze(-1)).squeeze(-1)
+        exponent = (k + q.unsqueeze(-2)) @ self.omega.transpose(-1, -2).unsqueeze(1)
+        return torch.logsumexp(exponent - 0.5 * (k * k).sum(-1, keepdim=True), dim=-1)
+
+    def log_features(self, x):
+        """log phi(x) of Eq. (7) with each model's omega: x (M, B, ..., d) -> (M, B, ..., d_r)."""
+        omega = self.omega.reshape(self.num_models, *([1] * (x.dim() - 3)), *self.omega.shape[1:])
+        projected = x @ omega.transpose(-1, -2)
+        return projected - 0.5 * (x * x).sum(-1, keepdim=True) - 0.5 * math.log(self.omega.shape[1])
+
+    def ridge_output(self, q, k, v):
+        """Eq. (33) for the query: V^T (Phi Phi^T + ridge I)^-1 Phi phi(q), unnormalised, over all tokens."""
+        if self.config.kernel == "softmax":
+            raise ValueError("the ridge layer needs a feature map: use kernel='performer'")
+        phi_k, phi_q = torch.exp(self.log_features(k)), torch.exp(self.log_features(q))
+        gram = phi_k @ phi_k.transpose(-1, -2)
+        ridge = torch.where(self.ridge > 0, self.ridge, torch.ones_like(self.ridge))[:, None, None, None]
+        eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+        weights = torch.linalg.solve(gram + ridge * eye, phi_k @ phi_q.unsqueeze(-1))
+        return (v.transpose(-1, -2) @ weights).squeeze(-1)
+
+    def forward(self, tokens):
+        """Output of the last token (the query) of every sequence: tokens (M, B, n, d) -> (M, B, d)."""
+        self.check_tokens(tokens)
+        root = self.config.token_dim ** -0.25
+        k = self.keys(tokens)
+        value_tokens = self.with_negatives(tokens, k) if self.uses["negative"] else tokens
+        v = self.values(value_tokens)
+        q = batched_linear(tokens[..., -1:, :], self.W_Q).squeeze(-2)
+        weights = torch.softmax(self.query_log_scores(root * q, root * k), dim=-1)
+        if self.uses["alpha"]:
+            weights = self.regularize(weights)
+        out = (weights.unsqueeze(-2) @ v).squeeze(-2)
+        if self.uses["ridge"]:
+            out = torch.where((self.ridge > 0)[:, None, None], self.ridge_output(root * q, root * k, v), out)
+        return out
+
+    def regularize(self, weights):
+        """Eq. (12) in self-attention form: the query's own weight (the last) times (1 - alpha), or
+        minus alpha, then the weights renormalised to sum to 1 when ``config.renormalise``."""
+        alpha = self.alpha[:, None]
+        own = weights[..., -1]
+        own = own * (1 - alpha) if self.config.regularized_form == "proportional" else own - alpha
+        weights = torch.cat([weights[..., :-1], own.unsqueeze(-1)], dim=-1)
+        if self.config.renormalise:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights
+
+    def sgd_step(self, lr):
+        """p <- p - lr_m grad_m for each model m; ``lr`` (M,) holds the models' learning rates."""
+        with torch.no_grad():
+            for parameter in self.parameters():
+                if parameter.grad is not None:
+                    parameter -= lr.reshape(-1, *[1] * (parameter.dim() - 1)) * parameter.grad
+                    parameter.grad = None

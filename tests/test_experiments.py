@@ -1,0 +1,88 @@
+"""`reproduce all --quick` end to end: every figure written, numbers finite, every grid value trained,
+the same bytes from the same seed, and the command line."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from icl_lens import experiments
+from icl_lens.reproduce import FIGURES, experiment_config, reproduce
+from icl_lens.results import save_result
+
+from conftest import ROOT
+
+KINDS = ("linear", "trigonometric", "exponential")
+
+
+@pytest.fixture(scope="module")
+def quick_all(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reproduce")
+    return out, reproduce(["all"], out=out, quick=True, log=None)
+
+
+def test_every_figure_is_written(quick_all):
+    out, written = quick_all
+    assert set(FIGURES) <= set(written)
+    for name in FIGURES:
+        paths = written[name]
+        assert paths["png"].stat().st_size > 10_000, name      # a real plot, not an empty canvas
+        json.loads(paths["json"].read_text())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_grid_value_trains_and_the_normal_model_learns(quick_all, kind):
+    out, _ = quick_all
+    record = json.loads((out / f"task_{kind}.json").read_text())
+    config = experiment_config(kind, quick=True)
+    expected = {(m.name, seed) for seed in config.seeds for _, m in config.variants()}
+    assert {(m["name"], m["seed"]) for m in record["models"]} == expected
+    for model in record["models"]:
+        assert len(model["train_loss"]) == config.epochs
+        if model["group"] == "normal":
+            assert all(x is not None and x >= 0 for x in model["train_loss"]), model
+    if kind == "linear":   # 2048 steps are enough to see the linear task being learnt, on every seed
+        for losses in (m["train_loss"] for m in record["models"] if m["group"] == "normal"):
+            assert losses[-1] < 0.5 * losses[0], losses
+    for curve in record["equivalence"].values():   # Theorem 3.1 on the trained layer, t = N
+        assert curve["squared_error"][-1] <= 1e-24 * max(1.0, curve["squared_error"][0])
+
+
+def test_figures_hold_every_curve_they_plot(quick_all):
+    out, _ = quick_all
+    fig3 = json.loads((out / "fig3.json").read_text())
+    groups = {m["group"] for m in fig3["models"]}
+    assert groups == {"normal", "regularized", "augmented", "negative"}
+    fig13 = json.loads((out / "fig13.json").read_text())
+    assert set(fig13) == set(KINDS)
+    for kind in KINDS:
+        names = {m["name"] for m in fig13[kind]["models"] if m["group"] == "combination"}
+        assert names == {m.name for m in experiments.ExperimentConfig().combinations}
+
+
+def test_same_seed_gives_the_same_bytes(tmp_path):
+    config = experiments.ExperimentConfig(epochs=2, tokens_per_epoch=48 * 16, seeds=(4, 5), test_sequences=4)
+    for name in ("a", "b"):
+        save_result(tmp_path, name, experiments.run_experiment(config, progress=False))
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    assert json.loads((tmp_path / "a.json").read_text())["config"]["seeds"] == [4, 5]
+
+
+def test_command_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "icl_lens", "reproduce", "fig9", "--quick", "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "fig9.png").exists() and (tmp_path / "fig9.json").exists()
+    wrong = subprocess.run([sys.executable, "-m", "icl_lens", "reproduce", "fig99"], capture_output=True, text=True,
+                           cwd=ROOT, timeout=300)
+    assert wrong.returncode == 2 and "fig99" in wrong.stderr
+
+
+def test_bad_configs_name_the_argument():
+    with pytest.raises(ValueError, match="epochs"):
+        experiments.ExperimentConfig(epochs=0)
+    with pytest.raises(ValueError, match="tokens_per_epoch"):
+        experiments.ExperimentConfig(tokens_per_epoch=8)
+    with pytest.raises(ValueError, match="unknown figure"):
+        reproduce(["fig2"], out=".", quick=True, log=None)

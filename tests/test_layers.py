@@ -1,0 +1,150 @@
+"""The trainable layers: each switch equals its dual-side form in float64, and the batched ensemble is
+M independent SGD runs."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from icl_lens import experiments, kernels
+from icl_lens import modifications as m
+from icl_lens.attention import kernel_attention, softmax_attention
+from icl_lens.device import generator
+from icl_lens.layers import AttentionEnsemble, LayerConfig, Modification
+
+from conftest import DEVICES
+
+TOLERANCE = 1e-12   # float64 identities; measured errors are ~1e-16 (ridge ~1e-15, a linear solve)
+
+
+def ensemble_of(modifications, *, seed=0, device="cpu", **config):
+    layer = LayerConfig(token_dim=config.pop("token_dim", 12), **config)
+    return AttentionEnsemble(layer, modifications, [seed] * len(modifications), dtype=torch.float64, device=device)
+
+
+def tokens_for(ensemble, n=16, seed=5):
+    g = generator(seed)
+    X = (2 * torch.rand(n, ensemble.config.token_dim, generator=g, dtype=torch.float64) - 1).to(ensemble.W_Q.device)
+    return X, X.expand(ensemble.num_models, 1, n, -1).contiguous()
+
+
+def weights_of(ensemble, model):
+    return tuple(getattr(ensemble, name)[model].detach() for name in ("W_Q", "W_K", "W_V"))
+
+
+def close(a, b):
+    a, b = a.detach(), b.detach()
+    return float((a - b).abs().max()) < TOLERANCE * max(1.0, float(b.abs().max()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernel", ["performer", "softmax"])
+def test_plain_layer_is_attention(device, kernel):
+    ensemble = ensemble_of([Modification()], seed=3, device=device, kernel=kernel)
+    X, batch = tokens_for(ensemble)
+    W_Q, W_K, W_V = weights_of(ensemble, 0)
+    if kernel == "performer":
+        phi = kernels.PositiveRandomFeatures(ensemble.omega[0])
+        expected = kernel_attention(X[-1:], X, W_Q, W_K, W_V, feature_map=phi)[0]
+    else:
+        expected = softmax_attention(X[-1:], X, W_Q, W_K, W_V)[0]
+    assert close(ensemble(batch)[0, 0], expected)
+
+
+def test_every_switch_equals_its_dual_form():
+    modifications = [
+        Modification(alpha=0.3),
+        Modification(value_map="gelu", key_map="mlp-elu"),
+        Modification(value_map="mlp-gelu", key_map="gelu"),
+        Modification(negative_k=3, beta=0.2),
+        Modification(alpha=-0.4, negative_k=2, beta=0.5),
+        Modification(ridge=0.5),
+    ]
+    ensemble = ensemble_of(modifications, renormalise=False)
+    X, batch = tokens_for(ensemble)
+    out = ensemble(batch)[:, 0]
+    W_Q, W_K, W_V = weights_of(ensemble, 0)
+    phi = kernels.PositiveRandomFeatures(ensemble.omega[0])
+    prompt = m.kernel_prompt(X[:-1], X[-1:], W_Q, W_K, W_V, phi)
+    # Eq. (12): the query side (here the query itself) scaled by 1 - alpha, normaliser unchanged
+    assert close(out[0], m.modified_attention(prompt, query_side_factor=0.7))
+
+    def mlp(prefix, model, activation, two_layer):
+        p = {n: getattr(ensemble, f"{prefix}_{n}")[model].detach() for n in ("W1", "b1", "W2", "b2")}
+        inner = lambda x: activation(x @ p["W1"].T + p["b1"])  # noqa: E731
+        return (lambda x: inner(x) @ p["W2"].T + p["b2"]) if two_layer else inner
+
+    for model, (g1, g2) in ((1, (mlp("value", 1, F.gelu, False), mlp("key", 1, F.elu, True))),
+                            (2, (mlp("value", 2, F.gelu, True), mlp("key", 2, F.gelu, False)))):
+        augmented = m.kernel_prompt(X[:-1], X[-1:], W_Q, W_K, W_V, phi, key_map=g2, value_map=g1)   # Eq. (14)
+        assert close(out[model], m.modified_attention(augmented))
+    logits = (X @ W_Q.T) @ (X @ W_K.T).T
+    for model, k, beta, alpha in ((3, 3, 0.2, 0.0), (4, 2, 0.5, -0.4)):
+        tilde = m.negative_tokens(X, m.lowest_attention_neighbours(logits, k), beta)   # Eq. (15)
+        negative = m.replace(prompt, demo_values=tilde[:-1] @ W_V.T)
+        assert close(out[model], m.modified_attention(negative, query_side_factor=1 - alpha))
+    everything = m.kernel_prompt(X, X[-1:], W_Q, W_K, W_V, phi)   # the self-attention ridge layer
+    assert close(out[5], m.ridge_attention(everything, 0.5))      # Eq. (33)
+
+
+@pytest.mark.parametrize("form", ["proportional", "constant"])
+def test_renormalised_regularized_forms(form):
+    alpha = 0.4
+    ensemble = ensemble_of([Modification(), Modification(alpha=alpha)], regularized_form=form)
+    X, batch = tokens_for(ensemble)
+    W_Q, W_K, _ = weights_of(ensemble, 0)
+    phi = kernels.PositiveRandomFeatures(ensemble.omega[0])
+    from icl_lens.attention import kernel_attention_weights
+
+    a = kernel_attention_weights(X[-1:], X, W_Q, W_K, feature_map=phi)[0]
+    a[-1] = a[-1] * (1 - alpha) if form == "proportional" else a[-1] - alpha
+    v = X @ ensemble.W_V[1].detach().T
+    assert close(ensemble(batch)[1, 0], (a / a.sum()) @ v)
+
+
+def test_batched_training_is_independent_sgd():
+    """Each model of a trained ensemble equals the same model trained alone (float64, 12 steps)."""
+    config = experiments.ExperimentConfig(epochs=1, tokens_per_epoch=12 * 16, dtype="float64")
+    variants = [Modification(), Modification(alpha=0.2), Modification(value_map="gelu", key_map="mlp-gelu"),
+                Modification(negative_k=3, beta=0.1)]
+    seeds = [0, 1, 0, 1]
+    lr = torch.tensor([0.003, 0.003, 0.005, 0.005], dtype=torch.float64)
+    together = AttentionEnsemble(config.layer, variants, seeds, dtype=torch.float64)
+    batched = experiments.train(together, experiments.task_data(config.task, seeds), steps=12, epochs=1, lr=lr)
+    for i, (variant, seed) in enumerate(zip(variants, seeds)):
+        alone = AttentionEnsemble(config.layer, [variant], [seed], dtype=torch.float64)
+        single = experiments.train(alone, experiments.task_data(config.task, [seed]), steps=12, epochs=1, lr=lr[i : i + 1])
+        assert abs(float(single[0, 0]) - float(batched[0, i])) < 1e-10 * float(single[0, 0])
+        for name, parameter in alone.named_parameters():
+            assert torch.allclose(parameter[0], getattr(together, name)[i], rtol=0, atol=1e-12), name
+
+
+def test_a_diverging_model_leaves_the_others_alone():
+    config = experiments.ExperimentConfig(epochs=2, tokens_per_epoch=20 * 16)
+    ensemble = AttentionEnsemble(config.layer, [Modification(), Modification()], [0, 0])
+    lr = torch.tensor([0.003, 1e6])
+    history = experiments.train(ensemble, experiments.task_data(config.task, [0]), steps=20, epochs=2, lr=lr)
+    assert torch.isfinite(history[:, 0]).all() and not torch.isfinite(history[-1, 1])
+
+
+def test_bad_inputs_name_the_argument():
+    with pytest.raises(ValueError, match="value_map"):
+        Modification(value_map="relu")
+    with pytest.raises(ValueError, match="negative_k"):
+        Modification(negative_k=-1)
+    with pytest.raises(ValueError, match="alpha"):
+        Modification(alpha=math.nan)
+    with pytest.raises(ValueError, match="kernel"):
+        LayerConfig(kernel="linear")
+    with pytest.raises(ValueError, match="alpha"):
+        ensemble_of([Modification(alpha=1.5)])
+    with pytest.raises(ValueError, match="seeds"):
+        AttentionEnsemble(LayerConfig(), [Modification()], [0, 1])
+    ensemble = ensemble_of([Modification(negative_k=5, beta=0.1)])
+    with pytest.raises(ValueError, match="tokens"):
+        ensemble(torch.zeros(1, 1, 16, 11, dtype=torch.float64))
+    with pytest.raises(ValueError, match="negative_k"):
+        ensemble(torch.zeros(1, 1, 4, 12, dtype=torch.float64))
+    with pytest.raises(ValueError, match="ridge"):
+        ensemble_of([Modification(ridge=1.0)], kernel="softmax")(torch.zeros(1, 1, 4, 12, dtype=torch.float64))
