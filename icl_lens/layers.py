@@ -179,6 +179,8 @@ class AttentionEnsemble(torch.nn.Module):
         self.register_buffer("value_kind", per_model([MAP_KINDS.index(m.value_map) for m in modifications], torch.long))
         self.register_buffer("key_kind", per_model([MAP_KINDS.index(m.key_map) for m in modifications], torch.long))
         self.max_negative_k = max(m.negative_k if m.beta else 0 for m in modifications)
+        self.register_buffer("negative_models", torch.tensor(
+            [i for i, m in enumerate(modifications) if m.negative_k and m.beta], dtype=torch.long, device=device))
         # switches nobody uses are skipped, so a plain ensemble costs what a plain layer costs
         self.uses = {
             "alpha": any(m.alpha for m in modifications),
@@ -203,6 +205,9 @@ class AttentionEnsemble(torch.nn.Module):
             raise ValueError("tokens must hold at least one demonstration and the query (n >= 2)")
         if tokens.dtype != self.W_Q.dtype or tokens.device != self.W_Q.device:
             raise ValueError(f"tokens ({tokens.dtype}, {tokens.device}) must match the ensemble ({self.W_Q.dtype}, {self.W_Q.device})")
+        # a data-dependent check would split a compiled graph; compiled training draws its own tokens
+        if not torch.compiler.is_compiling() and not torch.isfinite(tokens).all():
+            raise ValueError("tokens must be finite (found nan or inf)")
 
     def keys(self, tokens):
         k = batched_linear(tokens, self.W_K)
@@ -217,7 +222,8 @@ class AttentionEnsemble(torch.nn.Module):
         return v
 
     def negative_neighbours(self, tokens, k):
-        """Indices (M, B, n, k_max) of each token's lowest-scoring other tokens, lowest first.
+        """Indices (M', B, n, k_max) of each token's lowest-scoring other tokens, lowest first, for the
+        M' models with negative samples (``tokens`` and ``k`` are theirs).
 
         Scores are ranked by the logits q_i . k_j: exp is increasing, so this is the order of the
         softmax scores, the ones the random features estimate; the choice is discrete and carries no
@@ -227,28 +233,36 @@ class AttentionEnsemble(torch.nn.Module):
         if k_max >= n:
             raise ValueError(f"negative_k={k_max} needs more than {k_max} tokens per sequence, got {n}")
         with torch.no_grad():
-            logits = batched_linear(tokens, self.W_Q) @ k.transpose(-1, -2)
+            logits = batched_linear(tokens, self.W_Q[self.negative_models]) @ k.transpose(-1, -2)
             logits = logits.masked_fill(torch.eye(n, dtype=torch.bool, device=logits.device), math.inf)
             return torch.topk(logits, k_max, dim=-1, largest=False, sorted=True).indices
 
     def with_negatives(self, tokens, k):
-        """x~_i = x_i - beta / k sum_{j in N(i)} x_j for the demonstrations (Eq. (15)); the query is kept."""
-        index = self.negative_neighbours(tokens, k)
+        """x~_i = x_i - beta / k sum_{j in N(i)} x_j for the demonstrations (Eq. (15)); the query is kept.
+
+        Only the models with negative samples are computed (ranking n x n scores is the costly part);
+        x~ depends on the tokens alone, the neighbour choice carrying no gradient.
+        """
+        chosen = self.negative_models
+        sub_tokens, sub_k = tokens[chosen], k[chosen]
+        index = self.negative_neighbours(sub_tokens, sub_k)
         M, B, n, k_max = index.shape
-        gathered = tokens.gather(2, index.reshape(M, B, n * k_max, 1).expand(-1, -1, -1, tokens.shape[-1]))
+        gathered = sub_tokens.gather(2, index.reshape(M, B, n * k_max, 1).expand(-1, -1, -1, tokens.shape[-1]))
         gathered = gathered.reshape(M, B, n, k_max, -1)
-        used = torch.arange(k_max, device=tokens.device) < self.negative_k[:, None]
-        weight = used.to(tokens.dtype) * (self.beta / self.negative_k.clamp(min=1))[:, None]
-        shifted = tokens - (gathered * weight[:, None, None, :, None]).sum(-2)
-        return torch.cat([shifted[..., :-1, :], tokens[..., -1:, :]], dim=-2)
+        count = self.negative_k[chosen]
+        used = torch.arange(k_max, device=tokens.device) < count[:, None]
+        weight = used.to(tokens.dtype) * (self.beta[chosen] / count)[:, None]
+        shifted = sub_tokens - (gathered * weight[:, None, None, :, None]).sum(-2)
+        shifted = torch.cat([shifted[..., :-1, :], sub_tokens[..., -1:, :]], dim=-2)
+        return tokens.index_copy(0, chosen, shifted)
 
     def query_log_scores(self, q, k):
         """log of the query's unnormalised score for every token, (M, B, n), up to a constant per row.
 
         Softmax: the logits q . k_j. Performer: phi(q) . phi(k_j) = 1/m sum_r exp(w_r . (q + k_j)
         - |q|^2/2 - |k_j|^2/2) (Eq. (7)), so its log is logsumexp_r(w_r . (q + k_j) - |k_j|^2/2) plus a
-        constant of the row, which the softmax over j removes. One logsumexp never overflows and is
-        cheaper than forming phi(q) and phi(k) apart.
+        constant of the row, which the softmax over j removes; logsumexp subtracts its maximum, so no
+        exponent overflows however large q and k grow.
         """
         if self.config.kernel == "softmax":
             return (k @ q.unsqueeze(-1)).squeeze(-1)

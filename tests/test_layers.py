@@ -146,5 +146,7 @@ def test_bad_inputs_name_the_argument():
         ensemble(torch.zeros(1, 1, 16, 11, dtype=torch.float64))
     with pytest.raises(ValueError, match="negative_k"):
         ensemble(torch.zeros(1, 1, 4, 12, dtype=torch.float64))
+    with pytest.raises(ValueError, match="finite"):
+        ensemble(torch.full((1, 1, 16, 12), math.nan, dtype=torch.float64))
     with pytest.raises(ValueError, match="ridge"):
         ensemble_of([Modification(ridge=1.0)], kernel="softmax")(torch.zeros(1, 1, 4, 12, dtype=torch.float64))
