@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
 export ICL_LENS_QUICK=1
-python -m pytest tests -v --timeout=1200 "$@"
+python -m pytest tests -v --timeout=1200 --durations=12 "$@"

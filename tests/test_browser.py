@@ -41,9 +41,14 @@ def check_page(browser, html, page_path, screenshots):
 
     page.route("**/*", route)
     page.goto(page_path.as_uri(), wait_until="load")
-    page.wait_for_function("() => !window.MathJax || (MathJax.startup && MathJax.startup.promise)", timeout=30000)
-    page.evaluate("() => window.MathJax && MathJax.startup.promise")
+    # the root index.html redirects to the first chapter: wait (across the navigation) for the page that stays
+    page.wait_for_function("() => document.readyState === 'complete' && "
+                           "!document.querySelector('meta[http-equiv=\"Refresh\" i]')", timeout=30000)
     has_math = page.evaluate("() => document.querySelectorAll('.math, span.math, div.math').length")
+    if has_math:
+        # MathJax's configuration object can exist before its startup does: wait for the startup itself
+        page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30000)
+        page.evaluate("() => MathJax.startup.promise")
     typeset = page.evaluate("() => document.querySelectorAll('mjx-container').length")
     math_errors = page.evaluate("() => document.querySelectorAll('mjx-merror').length")
     images = page.evaluate("() => Array.from(document.images).filter(i => !i.src.includes('logo'))"
