@@ -25,7 +25,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     out = args.out or results_dir("experiments-quick" if args.quick else "experiments")
     start = time.perf_counter()
-    written = reproduce(args.figures, out=out, quick=args.quick, device=args.device, seeds=args.seeds, compile=args.compile, reuse=args.reuse)
+    written = reproduce(args.figures, out=out, quick=args.quick, device=args.device, seeds=args.seeds,
+                        compile=args.compile, reuse=args.reuse)
     for name, paths in written.items():
         print(f"{name}: {', '.join(str(p) for p in paths.values())}")
     print(f"done in {time.perf_counter() - start:.1f} s", file=sys.stderr)

@@ -103,7 +103,7 @@ def estimate_population(sample, W_K, W_V, feature_map, num_samples, *, chunk=20_
     return Population(M / num_samples, mean_value / num_samples, mean_feature / num_samples, num_samples)
 
 
-# --- rho: a bound on every prediction and label (used by make_bound_setting) -------------------------------------------------------
+# --- rho: a bound on every prediction and label (used by make_bound_setting) ---------------------------
 
 
 def max_feature_norm(omega, radius):

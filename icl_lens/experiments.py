@@ -29,9 +29,6 @@ from icl_lens.layers import AttentionEnsemble, LayerConfig, Modification
 from icl_lens.tasks import RegressionTask, sample_sequences, sample_task_weight
 from icl_lens.validation import check_positive_int
 
-GROUPS = ("normal", "regularized", "augmented", "negative", "combination")
-
-
 @dataclass(frozen=True)
 class ExperimentConfig:
     """One task's training runs; defaults are the linear task of Fig. 3."""
@@ -213,8 +210,8 @@ def equivalence_curve(ensemble, model, data, seed):
     """Fig. 3 (left) for a trained model: its dual model trained one demonstration at a time.
 
     On a fresh sequence of the model's task, in float64, returns the squared distance between the
-    layer's query output and the dual prediction after t = 0..N per-demonstration SGD steps
-    (Theorem 3.1 says it is round-off at t = N), and the layer-vs-attention check.
+    layer's kernel-attention output for the query and the dual prediction after t = 0..N
+    per-demonstration SGD steps (Theorem 3.1 says it is round-off at t = N).
     """
     weights = {name: getattr(ensemble, name)[model].detach().to(torch.float64).cpu() for name in ("W_Q", "W_K", "W_V")}
     feature_map = PositiveRandomFeatures(ensemble.omega[model].to(torch.float64).cpu())
@@ -222,16 +219,16 @@ def equivalence_curve(ensemble, model, data, seed):
     X = tokens[0]
     dual = dual_model(X[:-1], X[-1:], weights["W_Q"], weights["W_K"], weights["W_V"], feature_map)
     attention = kernel_attention(X[-1:], X, weights["W_Q"], weights["W_K"], weights["W_V"], feature_map=feature_map)[0]
-    predictions = torch.stack([dual.predict(W, dual.test_input) for W in dual.sgd_trajectory()])
+    predictions = dual.predict(dual.sgd_trajectory(), dual.test_input)
     return {"steps": list(range(len(predictions))), "squared_error": ((predictions - attention) ** 2).sum(-1).tolist()}
 
 
 def run_experiment(config, *, device="cpu", progress=True, compile=False, variants=None):
     """Train every variant of ``config`` for every seed as one ensemble; return a JSON-ready dict.
 
-    ``compile=True`` runs the training step through ``torch.compile`` (same math, fused kernels:
-    about 2x faster on 2 CPU cores, after some seconds of compilation; float32 round-off differs
-    from the eager path). ``variants`` replaces ``config.variants()``, a list of (group, Modification).
+    ``compile=True`` runs the training step through ``torch.compile`` (same math, fused kernels: 2-4x
+    faster than eager on 2 CPU cores in benchmarks/batched_training.py, after seconds of compilation;
+    float32 round-off differs from the eager path). ``variants`` replaces ``config.variants()``, a list of (group, Modification).
     """
     device = pick(device)
     dtype = getattr(torch, config.dtype)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from icl_lens.device import pick
-from icl_lens.validation import as_tensor, check_last_dim, check_matrix, check_positive_int
+from icl_lens.validation import as_tensor, check_last_dim, check_positive_int, check_rank_at_least
 
 
 def draw_omega(dim, num_features, *, generator=None, orthogonal=False, dtype=torch.float64, device="cpu"):
@@ -48,14 +48,18 @@ def draw_omega(dim, num_features, *, generator=None, orthogonal=False, dtype=tor
 
 
 def log_positive_random_features(x, omega):
-    """log phi(x) = x @ omega.T - |x|^2 / 2 - log(m) / 2, shape ``(..., m)``; never overflows."""
+    """log phi(x) = x @ omega.T - |x|^2 / 2 - log(m) / 2, shape ``(..., m)``; never overflows.
+
+    ``omega`` is ``(m, d)``, or ``(..., m, d)`` with leading dimensions that broadcast against x's
+    (one omega per model of an ensemble).
+    """
     as_tensor(x, "x")
-    check_matrix(omega, "omega")
-    check_last_dim(x, "x", omega.shape[1], "the columns of omega")
+    check_rank_at_least(omega, "omega", 2)
+    check_last_dim(x, "x", omega.shape[-1], "the columns of omega")
     if omega.dtype != x.dtype or omega.device != x.device:
         raise ValueError(f"omega ({omega.dtype}, {omega.device}) must match x ({x.dtype}, {x.device})")
-    num_features = omega.shape[0]
-    return x @ omega.T - 0.5 * (x * x).sum(-1, keepdim=True) - 0.5 * math.log(num_features)
+    num_features = omega.shape[-2]
+    return x @ omega.transpose(-1, -2) - 0.5 * (x * x).sum(-1, keepdim=True) - 0.5 * math.log(num_features)
 
 
 def positive_random_features(x, omega):

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from icl_lens.device import generator as make_generator
 from icl_lens.device import pick
+from icl_lens.kernels import positive_random_features
 from icl_lens.validation import as_tensor, check_positive_int
 
 MAP_KINDS = ("none", "gelu", "mlp-gelu", "mlp-elu")
@@ -58,10 +59,6 @@ class Modification:
             raise ValueError(f"negative_k must be a non-negative int, got {self.negative_k!r}")
         if self.ridge < 0:
             raise ValueError(f"ridge must be >= 0, got {self.ridge}")
-
-    @property
-    def is_normal(self):
-        return self == Modification()
 
     @property
     def name(self):
@@ -156,7 +153,6 @@ class AttentionEnsemble(torch.nn.Module):
                 # the renormalising column sum 1 - alpha a_jj (or 1 - alpha) can reach zero
                 raise ValueError(f"alpha={m.alpha} with renormalise=True can divide by zero; use alpha < 1")
         self.config = config
-        self.modifications = list(modifications)
         self.seeds = [int(s) for s in seeds]
         device = pick(device)
         draws = {s: initial_parameters(s, config) for s in sorted(set(self.seeds))}
@@ -269,17 +265,16 @@ class AttentionEnsemble(torch.nn.Module):
         exponent = (k + q.unsqueeze(-2)) @ self.omega.transpose(-1, -2).unsqueeze(1)
         return torch.logsumexp(exponent - 0.5 * (k * k).sum(-1, keepdim=True), dim=-1)
 
-    def log_features(self, x):
-        """log phi(x) of Eq. (7) with each model's omega: x (M, B, ..., d) -> (M, B, ..., d_r)."""
-        omega = self.omega.reshape(self.num_models, *([1] * (x.dim() - 3)), *self.omega.shape[1:])
-        projected = x @ omega.transpose(-1, -2)
-        return projected - 0.5 * (x * x).sum(-1, keepdim=True) - 0.5 * math.log(self.omega.shape[1])
+    def features(self, x):
+        """phi(x) of Eq. (7) with each model's omega: x (M, B, ..., d) -> (M, B, ..., d_r)."""
+        per_model = self.omega.reshape(self.num_models, *([1] * (x.dim() - 3)), *self.omega.shape[1:])
+        return positive_random_features(x, per_model)
 
     def ridge_output(self, q, k, v):
         """Eq. (33) for the query: V^T (Phi Phi^T + ridge I)^-1 Phi phi(q), unnormalised, over all tokens."""
         if self.config.kernel == "softmax":
             raise ValueError("the ridge layer needs a feature map: use kernel='performer'")
-        phi_k, phi_q = torch.exp(self.log_features(k)), torch.exp(self.log_features(q))
+        phi_k, phi_q = self.features(k), self.features(q)
         gram = phi_k @ phi_k.transpose(-1, -2)
         ridge = torch.where(self.ridge > 0, self.ridge, torch.ones_like(self.ridge))[:, None, None, None]
         eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)

@@ -5,6 +5,8 @@ import math
 import matplotlib.pyplot as plt
 import torch
 
+from icl_lens import experiments
+
 
 def _as_numpy(value):
     return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
@@ -65,14 +67,19 @@ def sgd_error_figure(curves, title="Fig. 3 (left): dual model trained one demons
     drawn at the floor 1e-35 so that reaching round-off is visible on the log axis.
     """
     figure, axis = plt.subplots(figsize=(6.4, 3.8))
+    sgd_error_panel(axis, curves, title=title, ylabel="$\\|\\hat y_{test} - h'\\|^2$", fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def sgd_error_panel(axis, curves, *, title, ylabel, fontsize):
+    """The lines of :func:`sgd_error_figure` on a given axis (also the equivalence panel of Figs. 3, 11, 12)."""
     for label, errors in curves.items():
         values = torch.as_tensor(errors, dtype=torch.float64).clamp(min=1e-35)
         axis.plot(range(len(values)), values, marker=".", label=label)
-    axis.set(yscale="log", xlabel="SGD steps (one demonstration each)", ylabel="$\\|\\hat y_{test} - h'\\|^2$", title=title)
+    axis.set(yscale="log", xlabel="SGD steps (one demonstration each)", ylabel=ylabel, title=title)
     axis.grid(True, which="both", alpha=0.3)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    return figure
+    axis.legend(fontsize=fontsize)
 
 
 def gap_to_softmax_figure(feature_counts, dual_gap, kernel_gap, spread=None):
@@ -186,9 +193,6 @@ def _loss_panel(axis, named_curves, normal=None):
     the others. The y axis stops at 5x the normal model's largest loss, so a diverging run leaves the
     panel instead of flattening it; nan (diverged) epochs are gaps.
     """
-    def band(losses):
-        return losses.nan_to_num(nan=math.inf).amin(0), losses.nan_to_num(nan=-math.inf).amax(0)
-
     if normal is not None:
         epochs = range(1, normal.shape[1] + 1)
         axis.plot(epochs, normal.nanmedian(0).values, color="black", linestyle="--", linewidth=1.2, label="normal")
@@ -196,7 +200,8 @@ def _loss_panel(axis, named_curves, normal=None):
         epochs = range(1, losses.shape[1] + 1)
         line, = axis.plot(epochs, losses.nanmedian(0).values, label=name)
         if losses.shape[0] > 1:
-            axis.fill_between(epochs, *band(losses), color=line.get_color(), alpha=0.15)
+            low, high = losses.nan_to_num(nan=math.inf).amin(0), losses.nan_to_num(nan=-math.inf).amax(0)
+            axis.fill_between(epochs, low, high, color=line.get_color(), alpha=0.15)
     if normal is not None and torch.isfinite(normal).any():
         everything = torch.cat([normal.flatten(), *(losses.flatten() for losses in named_curves.values())])
         lowest = everything[torch.isfinite(everything) & (everything > 0)].min()
@@ -206,21 +211,9 @@ def _loss_panel(axis, named_curves, normal=None):
     axis.legend(fontsize=7)
 
 
-def equivalence_panel(axis, equivalence):
-    """Fig. 3 (left): squared gap between the layer and its dual model against per-demonstration SGD steps."""
-    for seed, curve in equivalence.items():
-        values = torch.as_tensor(curve["squared_error"], dtype=torch.float64).clamp(min=1e-35)
-        axis.plot(curve["steps"], values, marker=".", label=f"seed {seed}")
-    axis.set(yscale="log", xlabel="dual-model SGD steps", ylabel="$\\|f(x) - h'\\|^2$", title="equivalence")
-    axis.grid(True, which="both", alpha=0.3)
-    axis.legend(fontsize=7)
-
-
-def experiment_figure(result, curves, groups, *, title, seed=None, equivalence=True):
-    """The equivalence curve, then one loss panel per group (normal model dashed in each), two a row.
-
-    ``curves(result, group, seed)`` is :func:`icl_lens.experiments.curves`; ``seed=None`` pools seeds.
-    """
+def experiment_figure(result, groups, *, title, seed=None, equivalence=True):
+    """The equivalence curve (Fig. 3, left), then one loss panel per group (normal model dashed in
+    each), two a row; ``seed=None`` pools the seeds of the task record ``result``."""
     count = len(groups) + int(equivalence)
     rows = math.ceil(count / 2)
     figure, axes = plt.subplots(rows, 2, figsize=(11, 3.8 * rows), squeeze=False)
@@ -228,45 +221,47 @@ def experiment_figure(result, curves, groups, *, title, seed=None, equivalence=T
     for unused in axes[count:]:
         unused.set_visible(False)
     if equivalence:
-        equivalence_panel(axes.pop(0), result["equivalence"] if seed is None else {str(seed): result["equivalence"][str(seed)]})
-    normal = curves(result, "normal", seed)["normal"]
+        shown = result["equivalence"] if seed is None else {str(seed): result["equivalence"][str(seed)]}
+        sgd_error_panel(axes.pop(0), {f"seed {s}": curve["squared_error"] for s, curve in shown.items()},
+                        title="equivalence", ylabel="$\\|f(x) - h'\\|^2$", fontsize=7)
+    normal = experiments.curves(result, "normal", seed)["normal"]
     for axis, group in zip(axes, groups):
-        _loss_panel(axis, curves(result, group, seed), normal)
+        _loss_panel(axis, experiments.curves(result, group, seed), normal)
         axis.set_title(group)
     figure.suptitle(title)
     figure.tight_layout()
     return figure
 
 
-def seeds_figure(result, curves, groups, seeds, *, title):
+def seeds_figure(result, groups, seeds, *, title):
     """Fig. 10: one row per seed, one loss panel per group."""
     figure, axes = plt.subplots(len(seeds), len(groups), figsize=(4.2 * len(groups), 3.3 * len(seeds)), squeeze=False)
     for row, seed in zip(axes, seeds):
-        normal = curves(result, "normal", seed)["normal"]
+        normal = experiments.curves(result, "normal", seed)["normal"]
         for axis, group in zip(row, groups):
-            _loss_panel(axis, curves(result, group, seed), normal)
+            _loss_panel(axis, experiments.curves(result, group, seed), normal)
             axis.set_title(f"{group}, seed {seed}")
     figure.suptitle(title)
     figure.tight_layout()
     return figure
 
 
-def combinations_figure(results, curves, *, title="Fig. 13: combinations of modifications"):
+def combinations_figure(results, *, title="Fig. 13: combinations of modifications"):
     """One loss panel per task: the combinations against the normal model."""
     figure, axes = plt.subplots(1, len(results), figsize=(4.6 * len(results), 3.6), squeeze=False)
     for axis, (task, result) in zip(axes[0], results.items()):
-        _loss_panel(axis, curves(result, "combination"), curves(result, "normal")["normal"])
+        _loss_panel(axis, experiments.curves(result, "combination"), experiments.curves(result, "normal")["normal"])
         axis.set_title(task)
     figure.suptitle(title)
     figure.tight_layout()
     return figure
 
 
-def variants_figure(result, curves, group, names, *, title):
+def variants_figure(result, group, names, *, title):
     """Loss curves of the chosen variants of one group against the normal model (an explorer frame)."""
     figure, axis = plt.subplots(figsize=(6.4, 3.8))
-    chosen = {name: losses for name, losses in curves(result, group).items() if name in names}
-    _loss_panel(axis, chosen, curves(result, "normal")["normal"])
+    chosen = {name: losses for name, losses in experiments.curves(result, group).items() if name in names}
+    _loss_panel(axis, chosen, experiments.curves(result, "normal")["normal"])
     axis.set_title(title)
     figure.tight_layout()
     return figure

@@ -19,7 +19,7 @@ import time
 from dataclasses import replace
 
 from icl_lens import approximation, experiments, plots
-from icl_lens.device import pick
+from icl_lens.device import generator, pick
 from icl_lens.kernels import PositiveRandomFeatures, draw_omega
 from icl_lens.results import load_result, repository_root, save_result
 
@@ -83,23 +83,24 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
             result = tasks[TASK_OF_FIGURE[name][0]]
             title = (f"{name}: {result['task']} task, {result['config']['epochs']} epochs, "
                      f"median and min-max over seeds {result['config']['seeds']}")
-            figure = plots.experiment_figure(result, experiments.curves, PANELS, title=title)
+            figure = plots.experiment_figure(result, PANELS, title=title)
             written[name] = save_result(out, name, figure_numbers(result, PANELS), figure)
         elif name == "fig10":
             result = tasks["linear"]
             seeds_shown = result["config"]["seeds"][1:] or result["config"]["seeds"]
-            figure = plots.seeds_figure(result, experiments.curves, PANELS, seeds_shown,
+            figure = plots.seeds_figure(result, PANELS, seeds_shown,
                                         title=f"fig10: linear task, {result['config']['epochs']} epochs, seeds {seeds_shown} one by one")
             written[name] = save_result(out, name, figure_numbers(result, PANELS), figure)
         elif name == "fig13":
-            figure = plots.combinations_figure(tasks, experiments.curves, title=f"fig13: combinations, {tasks['linear']['config']['epochs']} epochs")
+            epochs = tasks["linear"]["config"]["epochs"]
+            figure = plots.combinations_figure(tasks, title=f"fig13: combinations, {epochs} epochs")
             numbers = {kind: figure_numbers(result, ("combination",)) for kind, result in tasks.items()}
             written[name] = save_result(out, name, numbers, figure)
         elif name in APPROXIMATION_FIGURES:
             if "approximation" not in written:
-                study = {"iid": approximation.approximation_error(approximation_config(quick), device=device),
-                         "orthogonal": approximation.approximation_error(approximation_config(quick, True), device=device)}
-                repeats = approximation_config(quick).repeats
+                configs = {"iid": approximation_config(quick), "orthogonal": approximation_config(quick, True)}
+                study = {name: approximation.approximation_error(c, device=device) for name, c in configs.items()}
+                repeats = configs["iid"].repeats
                 figure = plots.approximation_error_figure(study, title=f"figs 6-8: random features, {repeats} repeats")
                 written["approximation"] = save_result(out, "fig6-8", study, figure)
             written[name] = written["approximation"]
@@ -133,8 +134,6 @@ def describe_source(source):
 
 def heatmaps(device, num_features=1200, seed=0):
     """Fig. 9: one random layer of 16 tokens, d = 12, exact against d_r = 1200 random features."""
-    from icl_lens.device import generator
-
     g = generator(seed)
     layer = approximation.random_layer(16, 12, generator=g, device=device)
     compared = approximation.compare(layer, PositiveRandomFeatures(draw_omega(12, num_features, generator=g, device=device)))
