@@ -1,12 +1,16 @@
-"""Batched ensemble against a plain loop over models, side by side in one run; then `reproduce all`.
+"""Where the time of a full `reproduce all` goes, measured side by side in one run.
 
-    python benchmarks/batched_training.py [--tasks linear trigonometric exponential] [--skip-full]
+    python benchmarks/batched_training.py [--tasks linear trigonometric exponential] [--full]
 
-For each task, the same work (every model of the task's figures, a few SGD steps, one sequence per
-model per step) is timed three ways: a Python loop over the models, each trained alone; one batched
-ensemble (eager); the batched ensemble through torch.compile (its first call, which compiles, timed
-apart). The ratios are what to read: timings on a shared machine move, ratios measured in one run
-move less. The per-step times are then projected onto the steps of a full run.
+For each task, one part of one seed's variants (half of them: what each job of a full run's two
+worker processes trains) takes a few SGD steps three ways: eager with one thread, eager with every
+thread in one process, and through torch.compile with one thread (what a full run does). Beside them stands a bound built
+from this machine's own measured rates: one exp over the (models, tokens, d_r) random-feature
+exponent and the two (models, tokens, d) x (d, d_r) matrix products of the forward and backward
+pass, each microbenchmarked at the step's shapes, one thread. A ratio near 1 means the step is
+already the unavoidable work; the ratio is the headroom. Last, the per-step time projects the
+training time of a full run (seeds over the worker processes), and with --full the whole
+`reproduce all` is timed. Timings on a shared machine move; ratios measured in one run move less.
 """
 
 import argparse
@@ -21,65 +25,79 @@ import torch
 from icl_lens import experiments
 from icl_lens.layers import AttentionEnsemble
 
-STEPS = {"linear": 128, "trigonometric": 16, "exponential": 4}
+STEPS = {"linear": 200, "trigonometric": 30, "exponential": 6}
+WORKERS = 2
 
 
-def setup(config, models):
-    ensemble = AttentionEnsemble(config.layer, [m for _, m, _ in models], [s for *_, s in models])
-    lr = torch.tensor([config.learning_rate(g) for g, _, _ in models])
-    return ensemble, experiments.task_data(config.task, sorted({s for *_, s in models})), lr
-
-
-def timed(function):
+def timed(function, repeats=1):
+    function()   # warm-up (and compilation)
     start = time.perf_counter()
-    function()
-    return time.perf_counter() - start
+    for _ in range(repeats):
+        function()
+    return (time.perf_counter() - start) / repeats
 
 
-def benchmark(kind):
-    """Time the three paths on ``STEPS[kind]`` steps; return the projected full-mode training minutes
-    of the loop and of the compiled ensemble (per-step times times the steps of a full run)."""
-    config = experiments.EXPERIMENTS[kind]()
-    steps = STEPS[kind]
-    models = [(g, m, s) for s in config.seeds for g, m in config.variants()]
+def part(config):
+    """The first of the WORKERS parts a full run splits each seed's variants into."""
+    variants = config.variants()
+    return variants[: -(-len(variants) // WORKERS)]
 
-    def loop():
-        for model in models:
-            ensemble, data, lr = setup(config, [model])
-            experiments.train(ensemble, data, steps=steps, epochs=1, lr=lr)
 
-    def batched(step_errors):
-        ensemble, data, lr = setup(config, models)
-        return lambda: experiments.train(ensemble, data, steps=steps, epochs=1, lr=lr, step_errors=step_errors)
+def step_time(config, *, threads, compiled=False):
+    """Seconds per SGD step of one part of one seed's variants."""
+    torch.set_num_threads(threads)
+    variants = part(config)
+    ensemble = AttentionEnsemble(config.layer, [v.modification for v in variants], [config.seeds[0]] * len(variants))
+    data = experiments.task_data(config.task, config.seeds[:1])
+    lr = torch.tensor([v.lr for v in variants])
+    errors = torch.compile(experiments.squared_errors, dynamic=False) if compiled else experiments.squared_errors
+    steps = STEPS[config.task.kind]
+    return timed(lambda: experiments.train(ensemble, data, steps=steps, epochs=1, lr=lr, step_errors=errors)) / steps
 
-    loop_time = timed(loop)
-    batched_time = timed(batched(experiments.squared_errors))
-    compiled = batched(torch.compile(experiments.squared_errors, dynamic=False))
-    first_time = timed(compiled)      # includes compilation
-    compiled_time = timed(compiled)
-    print(f"{kind:<14} {len(models):>3} models x {steps:>3} steps | loop {loop_time:6.2f} s | "
-          f"batched {batched_time:6.2f} s ({loop_time / batched_time:5.1f}x) | "
-          f"compiled {compiled_time:6.2f} s ({loop_time / compiled_time:5.1f}x; first call {first_time:.0f} s)",
-          flush=True)
-    full_steps = config.epochs * config.steps_per_epoch
-    return loop_time / steps * full_steps / 60, compiled_time / steps * full_steps / 60
+
+def bound(config):
+    """Seconds of the unavoidable exp and matmul work of one step, one thread, at the step's shapes."""
+    torch.set_num_threads(1)
+    models, n, d = len(part(config)), config.task.num_tokens, config.task.token_dim
+    features = config.layer.features
+    exponent, out = torch.randn(models, n, features), torch.empty(models, n, features)
+    keys, omega = torch.randn(models, n, d), torch.randn(models, d, features)
+    exp_time = timed(lambda: torch.exp(exponent, out=out), repeats=20)
+    forward = timed(lambda: torch.bmm(keys, omega, out=out), repeats=20)
+    backward = timed(lambda: torch.bmm(exponent, omega.transpose(1, 2)), repeats=20)
+    return exp_time + forward + backward
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=list(STEPS), choices=list(STEPS))
-    parser.add_argument("--skip-full", action="store_true", help="do not time `reproduce all` in full mode")
+    parser.add_argument("--full", action="store_true", help="also time `reproduce all` in full mode")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cpus")
-    projected = [benchmark(kind) for kind in args.tasks]
-    loop_minutes, compiled_minutes = (sum(column) for column in zip(*projected))
-    print(f"projected training time of a full run of these tasks: loop {loop_minutes:.1f} min, "
-          f"compiled ensemble {compiled_minutes:.1f} min ({loop_minutes / compiled_minutes:.1f}x)")
-    if not args.skip_full:
+    threads = torch.get_num_threads()
+    print(f"torch {torch.__version__}, {threads} threads, {os.cpu_count()} cpus")
+    projected = 0.0
+    for kind in args.tasks:
+        config = experiments.EXPERIMENTS[kind]()
+        one = step_time(config, threads=1)
+        every = step_time(config, threads=threads)
+        compiled = step_time(config, threads=1, compiled=True)
+        floor = bound(config)
+        steps = config.epochs * config.steps_per_epoch
+        # each seed is split into WORKERS parts, and WORKERS processes train the parts side by side
+        minutes = compiled * steps * len(config.seeds) / 60
+        projected += minutes
+        print(f"{kind:<14} {len(part(config)):>2} models/part | step: eager 1 thread {one * 1e3:7.2f} ms, "
+              f"eager {threads} threads {every * 1e3:7.2f} ms, compiled 1 thread {compiled * 1e3:7.2f} ms "
+              f"({one / compiled:.1f}x faster than eager) | bound {floor * 1e3:6.2f} ms, compiled / bound "
+              f"{compiled / floor:.1f}x | {config.epochs} epochs x {len(config.seeds)} seeds: {minutes:.1f} min",
+              flush=True)
+    print(f"projected training time of a full run: {projected:.1f} min")
+    if args.full:
         with tempfile.TemporaryDirectory() as out:
-            seconds = timed(lambda: subprocess.run([sys.executable, "-m", "icl_lens", "reproduce", "all", "--out", out],
-                                                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        print(f"reproduce all (full mode, figures 3 and 6-13, three seeds): {seconds / 60:.1f} min")
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "icl_lens", "reproduce", "all", "--out", out], check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(f"reproduce all (full mode): {(time.perf_counter() - start) / 60:.1f} min")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Command line: ``python -m icl_lens reproduce fig3 [--quick] [--device auto] [--seeds 0 1 2] [--out DIR]``."""
+"""Command line: ``python -m icl_lens reproduce fig3 [--quick] [--device auto] [--seeds 0 1 2 3 4] [--out DIR]``."""
 
 import argparse
 import sys
@@ -16,17 +16,22 @@ def main(argv=None):
                          help=f"one or more of {', '.join(FIGURES)}, or all")
     command.add_argument("--quick", action="store_true", help="small sizes (tests, CI)")
     command.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
-    command.add_argument("--seeds", type=int, nargs="+", help="seeds of the training runs (default 0 1 2)")
+    command.add_argument("--seeds", type=int, nargs="+", help="seeds of the training runs (default 0 1 2 3 4)")
     command.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                          help="train through torch.compile (default: on in full mode, off with --quick)")
+    command.add_argument("--workers", type=int,
+                         help="processes that train the seeds (default 2 in full mode on the CPU, else 1)")
     command.add_argument("--reuse", action="store_true",
                          help="draw from the task_*.json records already in --out instead of training")
     command.add_argument("--out", help="output folder (default results/experiments[-quick])")
     args = parser.parse_args(argv)
     out = args.out or results_dir("experiments-quick" if args.quick else "experiments")
     start = time.perf_counter()
-    written = reproduce(args.figures, out=out, quick=args.quick, device=args.device, seeds=args.seeds,
-                        compile=args.compile, reuse=args.reuse)
+    try:
+        written = reproduce(args.figures, out=out, quick=args.quick, device=args.device, seeds=args.seeds,
+                            compile=args.compile, reuse=args.reuse, workers=args.workers)
+    except ValueError as error:   # bad arguments (an unwritable --out, a missing GPU): a message, no traceback
+        parser.error(str(error))
     for name, paths in written.items():
         print(f"{name}: {', '.join(str(p) for p in paths.values())}")
     print(f"done in {time.perf_counter() - start:.1f} s", file=sys.stderr)

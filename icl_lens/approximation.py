@@ -72,17 +72,24 @@ def compare(layer, feature_map):
     return {"attention": exact, "attention_estimate": estimate, "output": exact @ v, "output_estimate": estimate @ v}
 
 
-def approximation_error(config, *, device="cpu"):
+def approximation_error(config, *, device="cpu", layers=None):
     """MSE and MAE of the attention matrix and of the output against d_r, mean and std over repeats.
 
-    Returns a dict of plain lists (JSON-ready), one entry per value of ``config.feature_counts``.
+    Each repeat draws a random layer, or, with ``layers`` (e.g. trained layers), takes the next of
+    them in turn, with fresh features. Returns a dict of plain lists (JSON-ready), one entry per
+    value of ``config.feature_counts``, plus the median and quartiles over repeats (errors are
+    heavy-tailed, so the median is the better summary).
     """
     generator = make_generator(config.seed)
     errors = {key: [[] for _ in config.feature_counts] for key in ("attention_mse", "attention_mae", "output_mse", "output_mae")}
-    for _ in range(config.repeats):
-        layer = random_layer(config.num_tokens, config.dim, generator=generator, device=device)
+    for repeat in range(config.repeats):
+        if layers is None:
+            layer = random_layer(config.num_tokens, config.dim, generator=generator, device=device)
+        else:
+            given = layers[repeat % len(layers)]
+            layer = AttentionLayer(*(x.to(pick(device)) for x in (given.tokens, given.W_Q, given.W_K, given.W_V)))
         for position, count in enumerate(config.feature_counts):
-            omega = draw_omega(config.dim, count, generator=generator, orthogonal=config.orthogonal, device=device)
+            omega = draw_omega(layer.W_K.shape[0], count, generator=generator, orthogonal=config.orthogonal, device=device)
             result = compare(layer, PositiveRandomFeatures(omega))
             for part in ("attention", "output"):
                 difference = result[f"{part}_estimate"] - result[part]
@@ -93,6 +100,8 @@ def approximation_error(config, *, device="cpu"):
         stacked = torch.tensor(per_count, dtype=torch.float64)
         summary[key] = stacked.mean(dim=1).tolist()
         summary[f"{key}_std"] = stacked.std(dim=1).tolist()
+        quartiles = torch.quantile(stacked, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64), dim=1)
+        summary[f"{key}_median"], summary[f"{key}_quartiles"] = quartiles[1].tolist(), quartiles[[0, 2]].T.tolist()
     return summary
 
 

@@ -206,14 +206,72 @@ def violations(measured, bounds):
     return torch.nonzero(measured > bounds).flatten().tolist()
 
 
-def rademacher_monte_carlo(features_, w, output_dim, draws, *, generator=None):
-    """Estimate of (w/N) E || sum_i eps_i phi_i^T ||_F with eps_i uniform in {-1, 1}^d_o (the class part)."""
+def rademacher_samples(features_, w, output_dim, draws, *, generator=None):
+    """``draws`` samples of (w/N) || sum_i eps_i phi_i^T ||_F, eps_i uniform in {-1, 1}^d_o; their
+    mean estimates the class's empirical Rademacher complexity (Step 3 of Theorem 3.2)."""
     check_positive_int(draws, "draws")
     N = features_.shape[0]
     source = generator.device if generator is not None else torch.device("cpu")
     signs = torch.randint(0, 2, (draws, N, output_dim), generator=generator, device=source).to(features_) * 2 - 1
     sums = signs.transpose(-1, -2) @ features_
-    return float(w / N * torch.linalg.matrix_norm(sums).mean())
+    return w / N * torch.linalg.matrix_norm(sums)
+
+
+def rademacher_monte_carlo(features_, w, output_dim, draws, *, generator=None):
+    """Estimate of (w/N) E || sum_i eps_i phi_i^T ||_F with eps_i uniform in {-1, 1}^d_o (the class part)."""
+    return float(rademacher_samples(features_, w, output_dim, draws, generator=generator).mean())
+
+
+def loss_gradient_norm(u, negatives=None):
+    """|grad h(u)| for the loss of Theorem 3.2, h(u) = -<u_1, u_2> (u = [u_1; u_2], blocks of size d),
+    or of C.2, h(u) = -(1/K) sum_j <u_1, u_2 - u_{j+2}> (``negatives`` = K, K + 2 blocks). Batched
+    over leading dimensions of u (..., blocks, d)."""
+    u1, u2 = u[..., 0, :], u[..., 1, :]
+    if negatives is None:
+        return torch.sqrt((u1 * u1).sum(-1) + (u2 * u2).sum(-1))
+    mean_negative = u[..., 2:, :].mean(-2)
+    squared = ((u2 - mean_negative) ** 2).sum(-1) + (u1 * u1).sum(-1) + (u1 * u1).sum(-1) / negatives
+    return torch.sqrt(squared)
+
+
+def lipschitz_search(rho, dim, *, negatives=None, samples=20_000, ascent_steps=1000, generator=None):
+    """The largest |grad h| found on the product of rho-balls, over the constant the proof uses
+    (sqrt(2) rho, or sqrt(5 + 1/K) rho with K negatives): random points, then projected gradient
+    ascent from the best of them. A ratio near 1 means the constant is attained; above 1, wrong.
+
+    On a convex set the Lipschitz constant of a smooth h is the largest gradient norm, so this is a
+    search for the worst ratio |h(u) - h(v)| / |u - v| in the limit v -> u."""
+    blocks = 2 if negatives is None else negatives + 2
+    constant = (math.sqrt(2) if negatives is None else math.sqrt(5 + 1 / negatives)) * rho
+    u = torch.randn(samples, blocks, dim, generator=generator, dtype=torch.float64)
+    radius = rho * torch.rand(samples, blocks, 1, generator=generator, dtype=torch.float64) ** (1 / dim)
+    u = radius * u / u.norm(dim=-1, keepdim=True)
+    best = u[loss_gradient_norm(u, negatives).argmax()].clone().requires_grad_(True)
+    for _ in range(ascent_steps):
+        (gradient,) = torch.autograd.grad(loss_gradient_norm(best, negatives), best)
+        with torch.no_grad():
+            best += 0.05 * rho * gradient
+            best *= torch.clamp(rho / best.norm(dim=-1, keepdim=True), max=1.0)   # back onto the balls
+    found = max(float(loss_gradient_norm(u, negatives).max()), float(loss_gradient_norm(best.detach(), negatives)))
+    return found / constant
+
+
+def hoeffding_tail(N, t, rho):
+    """Exact P(mean of N losses - their expectation >= t) for losses equal to +rho^2 or -rho^2 with
+    probability 1/2 each: the worst case for Hoeffding's inequality on [-rho^2, rho^2], by a
+    binomial sum (float64, log-space)."""
+    k = torch.arange(N + 1, dtype=torch.float64)
+    log_probabilities = (torch.lgamma(torch.tensor(N + 1.0, dtype=torch.float64)) - torch.lgamma(k + 1)
+                         - torch.lgamma(N - k + 1) - N * math.log(2))
+    means = rho**2 * (2 * k - N) / N
+    chosen = log_probabilities[means >= t - 1e-12]
+    return float(torch.logsumexp(chosen, 0).exp()) if chosen.numel() else 0.0
+
+
+def hoeffding_deviation(N, delta, rho):
+    """t with P(mean - expectation >= t) <= delta for losses in [-rho^2, rho^2] (range 2 rho^2):
+    Hoeffding gives t = 2 rho^2 sqrt(log(1/delta) / (2N))."""
+    return 2 * rho**2 * math.sqrt(math.log(1 / delta) / (2 * N))
 
 
 # --- the experiment: measured gaps against the bound ---------------------------------------------------

@@ -148,7 +148,18 @@ def search(inequality, sampler, *, sizes, radii, batch, generator, rhs_scale=1.0
 
 def basic_fact_inequality(closeness=0.01):
     def inequality(setting):
-        return sr.basic_fact(sr.logits(setting["A"], setting["x"]), sr.logits(setting["A"], setting["y"]), closeness)
+        A, x, y = setting["A"], setting["x"], setting["y"]
+        return sr.basic_fact(sr.logits(A, x), sr.logits(A, y), closeness, step=sr.logits(A, y - x))
+    return inequality
+
+
+def tight(form, side="x", **options):
+    """The inequality of a best constant (``sr.tight_*``) on an x-side setting (u = A x, step =
+    A (y - x)) or an A-side one (u = A x, step = (B - A) x)."""
+    def inequality(setting):
+        A, x = setting["A"], setting["x"]
+        step = sr.logits(A, setting["y"] - x) if side == "x" else sr.logits(setting["B"] - A, x)
+        return form(sr.logits(A, x), step, **options)
     return inequality
 
 
@@ -183,6 +194,15 @@ def shift_x_versus_M(setting):
 
 def exp_A(setting):
     return sr.lipschitz_exp_A(setting["A"], setting["B"], setting["x"], setting["R"])
+
+
+def alpha_A(setting):
+    return sr.lipschitz_alpha_A(setting["A"], setting["B"], setting["x"], setting["R"])
+
+
+def alpha_inverse_A(setting):
+    A, B, x = setting["A"], setting["B"], setting["x"]
+    return sr.lipschitz_alpha_inverse_A(A, B, x, setting["R"], torch.minimum(sr.alpha(A, x), sr.alpha(B, x)))
 
 
 def shift_A(setting):

@@ -277,3 +277,10 @@ def stacked_duals(tokens, layers, feature_maps, *, lr=1.0, scale=None):
         stack.append(layer)
         H = layer.hidden
     return stack
+
+
+def token_spread(H):
+    """How distinct the demonstrations' states are: the mean distance of the rows H[:-1] (the query,
+    last, is left out) to their mean, over their mean norm. 0 means every token collapsed to one."""
+    demos = H[..., :-1, :]
+    return float((demos - demos.mean(-2, keepdim=True)).norm(dim=-1).mean() / demos.norm(dim=-1).mean())

@@ -3,23 +3,27 @@
 One :class:`ExperimentConfig` per task, with the paper's settings where it gives them (math spec,
 Section 9): one fixed task weight per seed, N + 1 = 16 / 128 / 512 tokens, 16384 tokens per epoch,
 one sequence per SGD step, lr 0.003 for the normal and regularized models of the linear task and
-0.005 otherwise, three seeds, d_r = 100 (d_t + d_s). The paper does not print its epoch count or its
-alpha, k, beta grids; ours are stated in the config and chosen as follows: alpha from the BERT grid
-{-0.5, -0.1, 0.1, 0.5}, k around the reported best k = 3, beta from the BERT grid {0.1, 0.2}, and the
-combinations of Fig. 13 from alpha = 0.1, one GELU layer as g1 or g2, and k = 3 / beta = 0.1 (the
-values the paper combines for BERT, with g2 added).
+0.005 otherwise, d_r = 100 (d_t + d_s). What the paper leaves open is ours and stated in the config:
+the epoch count of each task (chosen so that its normal model has converged by
+:func:`convergence`), five seeds, the alpha, k, beta grids, and the learning-rate controls (a normal
+model at every learning rate any variant of the task uses, so each variant has a normal model of the
+same seed and learning rate to be compared with).
 
 Every model of a task (all variants, all seeds) trains as one :class:`icl_lens.layers.AttentionEnsemble`:
-model m sees its own seed's sequences, one per step, with its own learning rate.
+model m sees its own seed's sequences, one per step, with its own learning rate. Each seed also has a
+fixed test set, on which every model is evaluated at ``checkpoints`` points of training and the
+training-free baselines of :mod:`icl_lens.baselines` are measured.
 """
 
 import math
-import sys
-import time
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
+from tqdm.auto import tqdm
 
+from icl_lens import baselines
 from icl_lens.attention import kernel_attention
 from icl_lens.device import generator as make_generator
 from icl_lens.device import pick
@@ -29,37 +33,64 @@ from icl_lens.layers import AttentionEnsemble, LayerConfig, Modification
 from icl_lens.tasks import RegressionTask, sample_sequences, sample_task_weight
 from icl_lens.validation import check_positive_int
 
+ALPHAS = (-0.5, -0.1, 0.1, 0.5)   # the paper's BERT grid
+LINEAR_COMBINATIONS = (
+    Modification(alpha=0.1, value_map="gelu"),
+    Modification(alpha=0.1, key_map="gelu"),
+    Modification(value_map="gelu", negative_k=3, beta=0.1),
+    Modification(key_map="gelu", negative_k=3, beta=0.1),
+    Modification(alpha=0.1, negative_k=3, beta=0.1),
+    Modification(alpha=0.1, value_map="gelu", negative_k=3, beta=0.1),
+)
+# offsets of the generators, apart from the task's (the seed itself) and the layer's (10_000 + seed)
+TEST_SET, TEMPERATURE_SET, EQUIVALENCE_SET = 2_000_000, 3_000_000, 1_000_000
+
+
+def regularized_grid(alphas, forms=("proportional", "constant")):
+    """Both readings of the regularized form (Section 8.1 of the math spec) over ``alphas``."""
+    return tuple(Modification(alpha=a, alpha_form=f) for f in forms for a in alphas)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One model of a seed: its group, its switches and its learning rate."""
+
+    group: str
+    modification: Modification
+    lr: float
+    control: bool = False     # a normal model at a learning rate other than the paper's
+
+    @property
+    def name(self):
+        return f"normal lr={self.lr:g}" if self.control else self.modification.name
+
+
 @dataclass(frozen=True)
 class ExperimentConfig:
-    """One task's training runs; defaults are the linear task of Fig. 3."""
+    """One task's training runs; defaults are the linear task of Figs. 3 and 10."""
 
     task: RegressionTask = field(default_factory=RegressionTask.linear)
-    epochs: int = 20                      # not printed in the paper; see the experiments chapter
+    epochs: int = 40                      # not printed in the paper; chosen by :func:`convergence`
     tokens_per_epoch: int = 16384
-    seeds: tuple = (0, 1, 2)
-    alphas: tuple = (-0.5, -0.1, 0.1, 0.5)
-    negative_ks: tuple = (1, 3, 5)
-    betas: tuple = (0.1, 0.2)
+    seeds: tuple = (0, 1, 2, 3, 4)
+    regularized: tuple = regularized_grid(ALPHAS)
     augmentations: tuple = (("gelu", "none"), ("none", "gelu"), ("gelu", "gelu"), ("none", "mlp-gelu"))
-    combinations: tuple = (
-        Modification(alpha=0.1, value_map="gelu"),
-        Modification(alpha=0.1, key_map="gelu"),
-        Modification(value_map="gelu", negative_k=3, beta=0.1),
-        Modification(key_map="gelu", negative_k=3, beta=0.1),
-        Modification(alpha=0.1, negative_k=3, beta=0.1),
-        Modification(alpha=0.1, value_map="gelu", negative_k=3, beta=0.1),
-    )
+    negatives: tuple = ((1, 0.1), (1, 0.2), (3, 0.1), (3, 0.2), (5, 0.1), (5, 0.2))   # (k, beta)
+    combinations: tuple = LINEAR_COMBINATIONS
     lr_normal: float = 0.003              # normal and regularized models
     lr_other: float = 0.005               # augmented, negative, combinations
-    test_sequences: int = 64
+    test_sequences: int = 64              # a fixed test set per seed
+    checkpoints: int = 16                 # test losses measured at epochs * j / checkpoints
     kernel: str = "performer"
     dtype: str = "float32"
-    # quick mode: 512 steps an epoch on the linear task, enough to pass its early plateau
+    # quick mode (CI): two seeds, 4 short epochs; ``quick_tokens_per_epoch`` passes the linear
+    # task's early plateau
     quick_tokens_per_epoch: int = 8192
 
     def __post_init__(self):
         check_positive_int(self.epochs, "epochs")
         check_positive_int(self.test_sequences, "test_sequences")
+        check_positive_int(self.checkpoints, "checkpoints")
         if self.tokens_per_epoch < self.task.num_tokens:
             raise ValueError(
                 f"tokens_per_epoch ({self.tokens_per_epoch}) must hold at least one sequence of {self.task.num_tokens} tokens"
@@ -77,67 +108,78 @@ class ExperimentConfig:
     def layer(self):
         return LayerConfig(token_dim=self.task.token_dim, kernel=self.kernel)
 
-    def variants(self):
-        """(group, Modification) for every model of one seed, normal model first."""
-        listed = [("normal", Modification())]
-        listed += [("regularized", Modification(alpha=a)) for a in self.alphas]
-        listed += [("augmented", Modification(value_map=g1, key_map=g2)) for g1, g2 in self.augmentations]
-        listed += [("negative", Modification(negative_k=k, beta=b)) for k in self.negative_ks for b in self.betas]
-        listed += [("combination", m) for m in self.combinations]
-        return listed
+    @property
+    def checkpoint_epochs(self):
+        """The epochs after which every model's test loss is measured (the last epoch included)."""
+        count = min(self.checkpoints, self.epochs)
+        return sorted({math.ceil(self.epochs * j / count) for j in range(1, count + 1)})
 
     def learning_rate(self, group):
         return self.lr_normal if group in ("normal", "regularized") else self.lr_other
 
+    def variants(self):
+        """Every model of one seed: a normal model at each learning rate in use (the paper's own
+        first), then the regularized, augmented, negative-sample and combined models."""
+        listed = [Variant("regularized", m, self.learning_rate("regularized")) for m in self.regularized]
+        listed += [Variant("augmented", Modification(value_map=g1, key_map=g2), self.lr_other)
+                   for g1, g2 in self.augmentations]
+        listed += [Variant("negative", Modification(negative_k=k, beta=b), self.lr_other) for k, b in self.negatives]
+        listed += [Variant("combination", m, self.lr_other) for m in self.combinations]
+        rates = dict.fromkeys([self.lr_normal] + [v.lr for v in listed])
+        return [Variant("normal", Modification(), lr, lr != self.lr_normal) for lr in rates] + listed
+
     def quick(self):
-        """Small sizes for tests and CI: 4 epochs of ``quick_tokens_per_epoch`` tokens, 16 test sequences
-        per seed; every grid value is kept."""
-        return replace(self, epochs=4, tokens_per_epoch=self.quick_tokens_per_epoch, test_sequences=16)
+        """Small sizes for tests and CI: the first two seeds, 4 epochs of ``quick_tokens_per_epoch``
+        tokens, 16 test sequences, 4 checkpoints; every grid value is kept."""
+        return replace(self, epochs=4, tokens_per_epoch=self.quick_tokens_per_epoch, test_sequences=16,
+                       seeds=self.seeds[:2], checkpoints=4)
 
 
 def linear_experiment():
-    """Fig. 3 / Fig. 10: s = W t, d_t = 11, N + 1 = 16."""
+    """Figs. 3 and 10: s = W t, d_t = 11, N + 1 = 16."""
     return ExperimentConfig()
 
 
 def trigonometric_experiment():
-    """Fig. 11: s = cos(W t), d_t = 7, N + 1 = 128, lr 0.005; the two-layer g2^+ uses ELU."""
+    """Fig. 11: s = cos(W t), d_t = 7, N + 1 = 128, lr 0.005; the two-layer g2^+ uses ELU.
+
+    A smaller grid than the linear task's (each step costs 8x more): both regularized readings at
+    alpha = +-0.5, g2 and g2^+, k in {3, 5} at beta = 0.1, and two combinations."""
     return ExperimentConfig(
         task=RegressionTask.trigonometric(),
+        epochs=320,
         lr_normal=0.005,
         quick_tokens_per_epoch=2048,
-        augmentations=(("gelu", "none"), ("none", "gelu"), ("gelu", "gelu"), ("none", "mlp-elu")),
+        regularized=regularized_grid((-0.5, 0.5)),
+        augmentations=(("none", "gelu"), ("none", "mlp-elu")),
+        negatives=((3, 0.1), (5, 0.1)),
+        combinations=(Modification(alpha=0.1, key_map="gelu"), Modification(key_map="gelu", negative_k=3, beta=0.1)),
     )
 
 
 def exponential_experiment():
-    """Fig. 12: s = exp(W t), d_t = 6, N + 1 = 512, settings of the trigonometric task."""
-    return ExperimentConfig(task=RegressionTask.exponential(), lr_normal=0.005, quick_tokens_per_epoch=2048)
+    """Fig. 12: s = exp(W t), d_t = 6, N + 1 = 512, settings of the trigonometric task.
+
+    The paper's best "alpha = 16" is run where a reading defines it: the constant form (renormalised
+    and raw) and the proportional form without renormalisation; alpha = 1/6 (a lost fraction?) in
+    both forms."""
+    sixth = 1 / 6
+    return ExperimentConfig(
+        task=RegressionTask.exponential(),
+        epochs=150,
+        lr_normal=0.005,
+        quick_tokens_per_epoch=2048,
+        regularized=(*regularized_grid((-0.5, sixth, 0.5), ("proportional",)),
+                     *regularized_grid((-0.5, sixth, 16.0), ("constant",)),
+                     Modification(alpha=16.0, renormalise=False),
+                     Modification(alpha=16.0, alpha_form="constant", renormalise=False)),
+        augmentations=(("gelu", "none"), ("none", "gelu"), ("gelu", "gelu")),
+        negatives=((3, 0.1),),
+        combinations=(Modification(alpha=0.1, key_map="gelu"), Modification(key_map="gelu", negative_k=3, beta=0.1)),
+    )
 
 
 EXPERIMENTS = {"linear": linear_experiment, "trigonometric": trigonometric_experiment, "exponential": exponential_experiment}
-
-
-class Progress:
-    """A one-line progress bar on stderr (or silent with ``stream=None``)."""
-
-    def __init__(self, total, label, stream=sys.stderr, width=28):
-        self.total, self.label, self.stream, self.width = total, label, stream, width
-        self.start, self.shown = time.perf_counter(), -1
-
-    def update(self, done):
-        if self.stream is None:
-            return
-        filled = self.width * done // self.total
-        if filled == self.shown and done != self.total:
-            return
-        self.shown = filled
-        elapsed = time.perf_counter() - self.start
-        bar = "#" * filled + "." * (self.width - filled)
-        self.stream.write(f"\r{self.label:<14} [{bar}] {done}/{self.total} {elapsed:6.1f} s")
-        if done == self.total:
-            self.stream.write("\n")
-        self.stream.flush()
 
 
 @dataclass
@@ -170,11 +212,13 @@ def squared_errors(ensemble, tokens, targets):
     return ((predictions - targets) ** 2).sum(-1).mean(-1)
 
 
-def train(ensemble, data, *, steps, epochs, lr, progress=None, step_errors=squared_errors):
+def train(ensemble, data, *, steps, epochs, lr, progress=None, step_errors=squared_errors, after_epoch=None):
     """SGD, one sequence per model per step; returns the per-epoch mean training loss, (epochs, models).
 
     A model whose loss stops being finite gets nan from then on; the other models are unaffected,
-    since no weight is shared. ``step_errors`` may be a compiled :func:`squared_errors`.
+    since no weight is shared. ``step_errors`` may be a compiled :func:`squared_errors`;
+    ``progress`` is a tqdm bar (advanced once a step); ``after_epoch(epoch)`` runs after each epoch
+    (epochs count from 1), e.g. to measure test losses.
     """
     dtype, device = ensemble.W_Q.dtype, ensemble.W_Q.device
     history = []
@@ -187,15 +231,22 @@ def train(ensemble, data, *, steps, epochs, lr, progress=None, step_errors=squar
             ensemble.sgd_step(lr)
             total += errors.detach()
             if progress is not None:
-                progress.update(epoch * steps + step + 1)
+                progress.update(1)
         history.append(total.to(torch.float64) / steps)
+        if after_epoch is not None:
+            after_epoch(epoch + 1)
     return torch.stack(history)
 
 
-def test_loss(ensemble, data, num_sequences):
-    """Mean squared error of each model on fresh sequences of its seed, without training."""
-    dtype, device = ensemble.W_Q.dtype, ensemble.W_Q.device
-    tokens, targets = data.epoch(ensemble.seeds, num_sequences, dtype, device)
+def test_sets(task, weights, num_sequences):
+    """{seed: (tokens, targets)}: a fixed test set per seed, drawn apart from the training stream
+    (float64, cpu). Every model and baseline of a seed is measured on the same sequences."""
+    return {s: sample_sequences(task, num_sequences, w, generator=make_generator(TEST_SET + s)) for s, w in weights.items()}
+
+
+def test_loss(ensemble, tokens, targets):
+    """Mean squared error of each model on its test sequences, tokens (M, S, n, d), targets (M, S, d_s)."""
+    num_sequences = tokens.shape[1]
     # keep the (models, chunk, tokens, d_r) exponent near 2^22 numbers
     chunk = max(1, 2**22 // (ensemble.num_models * tokens.shape[2] * ensemble.omega.shape[1]))
     with torch.no_grad():
@@ -204,6 +255,41 @@ def test_loss(ensemble, data, num_sequences):
             for i in range(0, num_sequences, chunk)
         ]
     return (torch.stack(parts).sum(0) / num_sequences).to(torch.float64)
+
+
+NADARAYA_WATSON_TEMPERATURES = tuple(float(t) for t in torch.logspace(-2, 2, 17, dtype=torch.float64))
+
+
+def baseline_losses(task, weight, tokens, targets, seed):
+    """Mean squared errors of the training-free predictors on one seed's test set (float64):
+
+    ``label_variance`` (predicting the test labels' mean), ``context_mean`` (uniform attention),
+    ``nadaraya_watson`` (softmax attention on the raw inputs; its temperature, also saved, chosen
+    on 256 training sequences), ``least_squares`` (with an intercept, on the prompt), and for the
+    exponential task ``log_least_squares`` (least squares on log s, exact there since log s = W t).
+    """
+    def prompts(x):
+        inputs, labels = x[..., : task.input_dim], x[..., task.input_dim]
+        return inputs[:, :-1], labels[:, :-1], inputs[:, -1]
+
+    y = targets[:, 0]
+    chosen_from, chosen_targets = sample_sequences(task, 256, weight, generator=make_generator(TEMPERATURE_SET + seed))
+    temperature = baselines.best_temperature(*prompts(chosen_from), chosen_targets[:, 0], NADARAYA_WATSON_TEMPERATURES)
+    x_context, y_context, x_query = prompts(tokens)
+
+    def mse(prediction):
+        return float(((prediction - y) ** 2).mean())
+
+    found = {
+        "label_variance": float(y.var(unbiased=False)),
+        "context_mean": mse(baselines.context_mean(x_context, y_context, x_query)),
+        "nadaraya_watson": mse(baselines.nadaraya_watson(x_context, y_context, x_query, temperature)),
+        "nadaraya_watson_temperature": temperature,
+        "least_squares": mse(baselines.least_squares(x_context, y_context, x_query, intercept=True)),
+    }
+    if task.kind == "exponential":
+        found["log_least_squares"] = mse(torch.exp(baselines.least_squares(x_context, torch.log(y_context), x_query)))
+    return found
 
 
 def equivalence_curve(ensemble, model, data, seed):
@@ -223,49 +309,162 @@ def equivalence_curve(ensemble, model, data, seed):
     return {"steps": list(range(len(predictions))), "squared_error": ((predictions - attention) ** 2).sum(-1).tolist()}
 
 
-def run_experiment(config, *, device="cpu", progress=True, compile=False, variants=None):
-    """Train every variant of ``config`` for every seed as one ensemble; return a JSON-ready dict.
-
-    ``compile=True`` runs the training step through ``torch.compile`` (same math, fused kernels: 2-4x
-    faster than eager on 2 CPU cores in benchmarks/batched_training.py, after seconds of compilation;
-    float32 round-off differs from the eager path). ``variants`` replaces ``config.variants()``, a list of (group, Modification).
-    """
+def train_seeds(config, variants, seeds, *, device="cpu", compile=False, progress=True, position=0):
+    """Train ``variants`` for ``seeds`` as one ensemble; return, per model (seed-major order), the
+    per-epoch training losses and the test losses at the checkpoints, and the equivalence curve of
+    each seed's first normal model."""
     device = pick(device)
     dtype = getattr(torch, config.dtype)
-    variants = config.variants() if variants is None else variants
-    models = [(group, modification, seed) for seed in config.seeds for group, modification in variants]
+    models = [(variant, seed) for seed in seeds for variant in variants]
     ensemble = AttentionEnsemble(
-        config.layer, [m for _, m, _ in models], [s for _, _, s in models], dtype=dtype, device=device
+        config.layer, [v.modification for v, _ in models], [s for _, s in models], dtype=dtype, device=device
     )
-    data = task_data(config.task, config.seeds)
-    lr = torch.tensor([config.learning_rate(group) for group, _, _ in models], dtype=dtype, device=device)
-    bar = Progress(config.epochs * config.steps_per_epoch, config.task.kind) if progress else None
+    data = task_data(config.task, seeds)
+    tests = test_sets(config.task, data.weights, config.test_sequences)
+    test_tokens = torch.stack([tests[s][0] for _, s in models]).to(dtype=dtype, device=device)
+    test_targets = torch.stack([tests[s][1] for _, s in models]).to(dtype=dtype, device=device)
+    lr = torch.tensor([v.lr for v, _ in models], dtype=dtype, device=device)
+    checkpoints, curves_at = config.checkpoint_epochs, []
+
+    def measure(epoch):
+        if epoch in checkpoints:
+            curves_at.append(test_loss(ensemble, test_tokens, test_targets))
+
+    bar = (tqdm(total=config.epochs * config.steps_per_epoch, unit="step", position=position, mininterval=2,
+                desc=f"{config.task.kind} seeds {list(seeds)} ({len(models)} models)") if progress else None)
     step_errors = torch.compile(squared_errors, dynamic=False) if compile else squared_errors
     history = train(ensemble, data, steps=config.steps_per_epoch, epochs=config.epochs, lr=lr, progress=bar,
-                    step_errors=step_errors)
-    tested = test_loss(ensemble, data, config.test_sequences)
-    equivalence = {}
-    for seed in config.seeds:
-        normal = next(i for i, (group, _, s) in enumerate(models) if group == "normal" and s == seed)
+                    step_errors=step_errors, after_epoch=measure)
+    if bar is not None:
+        bar.close()
+    tested = torch.stack(curves_at)
+    equivalence, trained = {}, {}
+    for seed in seeds:
+        normal = next((i for i, (v, s) in enumerate(models) if v.group == "normal" and s == seed), None)
+        if normal is None:      # a part of a seed's variants without its normal model (workers > 1)
+            continue
         equivalence[str(seed)] = equivalence_curve(ensemble, normal, data, seed)
-    return {
+        trained[str(seed)] = {name: getattr(ensemble, name)[normal].detach().cpu().tolist() for name in ("W_Q", "W_K", "W_V")}
+    return {"train_loss": history.T.tolist(), "test_curve": tested.T.tolist(), "equivalence": equivalence,
+            "trained_normal": trained}
+
+
+def train_seeds_in_worker(arguments):
+    """:func:`train_seeds` in a worker process, with its share of the CPU threads."""
+    config, variants, seeds, threads, position, progress, compile = arguments
+    torch.set_num_threads(threads)
+    return train_seeds(config, variants, seeds, device="cpu", progress=progress, position=position, compile=compile)
+
+
+def run_experiment(config, *, device="cpu", progress=True, compile=False, variants=None, workers=1):
+    """Train every variant of ``config`` for every seed; return a JSON-ready dict.
+
+    With ``workers=1`` all seeds train as one ensemble on ``device`` (the form for a GPU). With
+    ``workers > 1`` (CPU only) each seed's variants are split into ``workers`` parts, each its own
+    ensemble, and ``workers`` processes share the CPU threads: small ensembles stay in cache, one
+    thread per process avoids the threading overhead of small kernels, and the equal parts keep
+    every process busy whatever the number of seeds. Models are independent either way; float32 round-off
+    depends on how models are grouped and on compilation, so one setting gives one set of bytes.
+
+    ``compile=True`` runs the training step through ``torch.compile``: 2-4x faster than eager with
+    one thread per worker on this project's 2-core CPU (benchmarks/batched_training.py), after
+    seconds of compilation per process. ``variants`` replaces
+    ``config.variants()``, a list of :class:`Variant`. The record holds, per model, the training
+    loss of every epoch and the test loss at every checkpoint (``test_curve``, on the seed's fixed
+    test set), and per seed the baselines of :func:`baseline_losses` on that test set and the
+    trained W_Q, W_K, W_V of its normal model.
+    """
+    variants = config.variants() if variants is None else variants
+    check_positive_int(workers, "workers")
+    if workers == 1:
+        parts = [train_seeds(config, variants, config.seeds, device=device, compile=compile, progress=progress)]
+    else:
+        if pick(device).type != "cpu":
+            raise ValueError(f"workers > 1 trains on the CPU; use workers=1 with device={device!r}")
+        threads = max(1, torch.get_num_threads() // workers)
+        size = math.ceil(len(variants) / workers)
+        chunks = [variants[i : i + size] for i in range(0, len(variants), size)]
+        jobs = [(config, chunk, (seed,), threads, i % workers, progress, compile)
+                for i, (seed, chunk) in enumerate((s, c) for s in config.seeds for c in chunks)]
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            parts = list(pool.map(train_seeds_in_worker, jobs))
+    # parts come seed by seed and, within a seed, variant part by part: the order of ``models``
+    train_losses = [row for part in parts for row in part["train_loss"]]
+    test_curves = [row for part in parts for row in part["test_curve"]]
+    models = [(variant, seed) for seed in config.seeds for variant in variants]
+    weights = task_data(config.task, config.seeds).weights
+    tests = test_sets(config.task, weights, config.test_sequences)
+    record = {
         "task": config.task.kind,
         "config": plain_config(config),
         "compiled": bool(compile),
         "epochs": list(range(1, config.epochs + 1)),
+        "checkpoint_epochs": config.checkpoint_epochs,
         "models": [
             {
-                "group": group,
-                "name": modification.name,
+                "group": variant.group,
+                "name": variant.name,
                 "seed": seed,
-                "modification": asdict(modification),
-                "lr": config.learning_rate(group),
-                "train_loss": [finite_or_none(x) for x in history[:, i].tolist()],
-                "test_loss": finite_or_none(float(tested[i])),
+                "modification": asdict(variant.modification),
+                "lr": variant.lr,
+                "train_loss": [finite_or_none(x) for x in train_losses[i]],
+                "test_curve": [finite_or_none(x) for x in test_curves[i]],
+                "test_loss": finite_or_none(test_curves[i][-1]),
             }
-            for i, (group, modification, seed) in enumerate(models)
+            for i, (variant, seed) in enumerate(models)
         ],
-        "equivalence": equivalence,
+        "baselines": {str(s): baseline_losses(config.task, weights[s], *tests[s], s) for s in config.seeds},
+        "equivalence": {seed: curve for part in parts for seed, curve in part["equivalence"].items()},
+        # the trained weights of each seed's normal model (Figs. 6-9 measure trained layers)
+        "trained_normal": {seed: w for part in parts for seed, w in part["trained_normal"].items()},
+    }
+    record["convergence"] = convergence(record)
+    return record
+
+
+def window_loss(record, model, until=1.0):
+    """A model's test loss averaged over the checkpoints of one quarter of training, the quarter that
+    ends at ``until`` x epochs (1.0: the last quarter, 0.5: the second). Constant-rate SGD leaves the
+    loss fluctuating from checkpoint to checkpoint; the average is what verdicts use. Returns inf for
+    a model that diverged (a null in the window) and nan for an empty window."""
+    epochs = len(record["epochs"])
+    picked = [loss for epoch, loss in zip(record["checkpoint_epochs"], model["test_curve"])
+              if epochs * (until - 0.25) < epoch <= epochs * until + 1e-9]
+    if not picked:
+        return math.nan
+    return math.inf if any(x is None for x in picked) else sum(picked) / len(picked)
+
+
+def normalised_loss(record, model, until=1.0):
+    """:func:`window_loss` divided by the label variance of the model's seed (1 = predicting the mean)."""
+    return window_loss(record, model, until) / record["baselines"][str(model["seed"])]["label_variance"]
+
+
+CONVERGENCE_TOLERANCE = 0.02
+
+
+def convergence(record, tolerance=CONVERGENCE_TOLERANCE):
+    """The stopping criterion, measured on the normal models: over the last half of training (the
+    window ending at half the epochs against the last quarter) the median over seeds of the
+    normalised test loss must improve by less than ``tolerance`` (2% of the label variance).
+
+    Returns the per-seed numbers, the median improvement and whether the criterion holds, for the
+    normal model at the paper's learning rate (the first normal model of each seed)."""
+    first = {}
+    for model in record["models"]:
+        if model["group"] == "normal":
+            first.setdefault(model["seed"], model)
+    half = {s: normalised_loss(record, m, 0.5) for s, m in first.items()}
+    full = {s: normalised_loss(record, m, 1.0) for s, m in first.items()}
+    improvement = float(torch.tensor(list(half.values())).median() - torch.tensor(list(full.values())).median())
+    return {
+        "criterion": f"median over seeds of the normal model's normalised test loss improves by less than "
+                     f"{tolerance:g} over the last half of training",
+        "tolerance": tolerance,
+        "half": {str(s): finite_or_none(v) for s, v in half.items()},
+        "full": {str(s): finite_or_none(v) for s, v in full.items()},
+        "median_improvement": finite_or_none(improvement),
+        "converged": bool(math.isfinite(improvement) and improvement < tolerance),
     }
 
 
@@ -281,53 +480,27 @@ def plain_config(config):
     return plain
 
 
-def curves(result, group, seed=None):
-    """{name: (seeds, epochs) tensor of training losses} for one group (nan where a run diverged)."""
+def curves(result, group, seed=None, *, kind="test"):
+    """{name: (seeds, points) tensor} for one group, nan where a run diverged: ``kind="test"`` gives
+    the test losses at the checkpoints divided by each seed's label variance, ``kind="train"`` the
+    raw per-epoch training losses."""
     found = {}
     for model in result["models"]:
         if model["group"] == group and (seed is None or model["seed"] == seed):
-            losses = [math.nan if x is None else x for x in model["train_loss"]]
+            if kind == "test":
+                scale = result["baselines"][str(model["seed"])]["label_variance"]
+                losses = [math.nan if x is None else x / scale for x in model["test_curve"]]
+            else:
+                losses = [math.nan if x is None else x for x in model["train_loss"]]
             found.setdefault(model["name"], []).append(losses)
     return {name: torch.tensor(rows, dtype=torch.float64) for name, rows in found.items()}
 
 
-def summary_rows(result):
-    """One row per variant: final-epoch training loss over the seeds that stayed finite (mean, min,
-    max), how many seeds diverged, mean test loss, and on how many seeds the test loss is at least 1%
-    below the normal model's of the same seed (same task weight, data and initial weights: a paired
-    comparison; the 1% keeps float32 round-off from counting as a difference)."""
-    normal = {m["seed"]: m["test_loss"] for m in result["models"] if m["group"] == "normal"}
-    rows = {}
-    for model in result["models"]:
-        row = rows.setdefault((model["group"], model["name"]), {"group": model["group"], "name": model["name"],
-                                                                "final": [], "test": [], "below_normal": 0})
-        final, test = model["train_loss"][-1], model["test_loss"]
-        finite = final is not None and test is not None
-        row["final"].append(final if finite else math.nan)
-        row["test"].append(test if finite else math.nan)
-        row["below_normal"] += int(finite and normal[model["seed"]] is not None and test < 0.99 * normal[model["seed"]])
-    for row in rows.values():
-        finals, tests = torch.tensor(row.pop("final"), dtype=torch.float64), torch.tensor(row.pop("test"), dtype=torch.float64)
-        kept = torch.isfinite(finals)
-        row.update(seeds=len(finals), diverged=int((~kept).sum()))
-        if kept.any():
-            row.update(final_mean=float(finals[kept].mean()), final_min=float(finals[kept].min()),
-                       final_max=float(finals[kept].max()), test_mean=float(tests[kept].mean()))
-        else:
-            row.update(final_mean=math.nan, final_min=math.nan, final_max=math.nan, test_mean=math.nan)
-    return list(rows.values())
-
-
-def markdown_table(rows, digits=3):
-    """The rows of :func:`summary_rows` as a Markdown table."""
-    lines = ["| group | model | final training loss: mean [min, max] | test loss | seeds 1% below normal | diverged |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        below = "" if r["group"] == "normal" else f"{r['below_normal']} of {r['seeds']}"
-        diverged = f"{r['diverged']} of {r['seeds']}" if r["diverged"] else ""
-        lines.append(f"| {r['group']} | {r['name']} | {r['final_mean']:.{digits}g} [{r['final_min']:.{digits}g}, "
-                     f"{r['final_max']:.{digits}g}] | {r['test_mean']:.{digits}g} | {below} | {diverged} |")
-    return "\n".join(lines)
+def normalised_baselines(result):
+    """{baseline: (seeds,) tensor}: each baseline's test loss divided by the seed's label variance."""
+    per_seed = list(result["baselines"].values())
+    names = [n for n in per_seed[0] if n not in ("label_variance", "nadaraya_watson_temperature")]
+    return {n: torch.tensor([b[n] / b["label_variance"] for b in per_seed], dtype=torch.float64) for n in names}
 
 
 def equivalence_gaps(records):
@@ -338,13 +511,34 @@ def equivalence_gaps(records):
 
 def describe_config(config):
     """The choices the paper leaves open, as a Markdown list, from a task record's config."""
+    def names(items):
+        return ", ".join(f"`{Modification(**m).name}`" for m in items)
+
     return "\n".join([
-        f"- epochs: **{config['epochs']}** (the normal model of the linear task levels off after about 10)",
-        f"- regularized: alpha in {config['alphas']} (the paper's BERT grid)",
-        f"- augmented: (g1, g2) in {config['augmentations']}; 'gelu' is $\\sigma(Wx+b)$, 'mlp-*' two layers "
-        "(ELU in the trigonometric task, as the paper says)",
-        f"- negative samples: k in {config['negative_ks']}, beta in {config['betas']} "
-        "(around the reported best k = 3, beta = 0.1)",
-        f"- seeds: {config['seeds']}; a seed fixes the task weight, the data stream and the initial layer, so "
-        "the variants of one seed start from the same weights and see the same sequences",
+        f"- epochs: **{config['epochs']}**, test losses at {config['checkpoints']} checkpoints on "
+        f"{config['test_sequences']} fixed test sequences per seed",
+        f"- seeds: {config['seeds']}; a seed fixes the task weight, the data stream, the test set and the "
+        "initial layer, so the variants of one seed start from the same weights and see the same sequences",
+        f"- learning rates: {config['lr_normal']:g} (normal, regularized), {config['lr_other']:g} (others); "
+        "a normal model is trained at each",
+        f"- regularized: {names(config['regularized'])}",
+        f"- augmented (g1, g2): {', '.join(f'({a}, {b})' for a, b in config['augmentations'])}",
+        f"- negative samples (k, beta): {', '.join(f'({k}, {b:g})' for k, b in config['negatives'])}",
+        f"- combinations: {names(config['combinations'])}",
     ])
+
+
+def trained_layers(record, num_tokens=16):
+    """One :class:`icl_lens.approximation.AttentionLayer` per seed: the trained normal model's
+    weights (float64) on the first ``num_tokens`` tokens of the seed's first test sequence."""
+    from icl_lens.approximation import AttentionLayer   # approximation imports nothing from here
+
+    config = record["config"]
+    task = RegressionTask(**config["task"])
+    weights = task_data(task, [int(s) for s in record["trained_normal"]]).weights
+    layers = []
+    for seed, trained in record["trained_normal"].items():
+        tokens, _ = test_sets(task, {int(seed): weights[int(seed)]}, 1)[int(seed)]
+        W_Q, W_K, W_V = (torch.tensor(trained[n], dtype=torch.float64) for n in ("W_Q", "W_K", "W_V"))
+        layers.append(AttentionLayer(tokens[0, :num_tokens], W_Q, W_K, W_V))
+    return layers

@@ -37,6 +37,14 @@ class RankConfig:
         check_positive_int(self.num_features, "num_features")
 
 
+def grows_within_noise(means, stds, repeats, spread=3.0):
+    """True when a sequence of means over ``repeats`` draws never drops by more than ``spread``
+    standard errors of the difference between neighbours (the Fig. 14 bound should grow with d_h)."""
+    errors = [s / math.sqrt(repeats) for s in stds]
+    return all(b >= a - spread * math.hypot(ea, eb)
+               for (a, ea), (b, eb) in zip(zip(means, errors), zip(means[1:], errors[1:])))
+
+
 def uniform_linear(d_out, d_in, generator, dtype=torch.float64):
     """Weight and bias of a freshly initialised linear layer: U(-1/sqrt(d_in), 1/sqrt(d_in))."""
     bound = 1.0 / math.sqrt(d_in)
@@ -70,3 +78,112 @@ def rank_bound(config, *, device="cpu"):
     spread = bounds.std(dim=0) if config.repeats > 1 else torch.zeros(len(config.hidden_sizes))
     return {"hidden_sizes": list(config.hidden_sizes), "d": d,
             "mean_bound": bounds.mean(dim=0).tolist(), "std_bound": spread.tolist()}
+
+
+@dataclass(frozen=True)
+class TrainedRankConfig:
+    """Fig. 14 (right) on trained layers: one attention + ReLU FFN layer (Theorem B.1's layer, no
+    residual) per (d_h, seed), trained on the linear task as in Section 5 (one sequence per SGD
+    step, lr 0.003), then the mean of min(d, #active ReLUs) over ``num_prompts`` test prompts."""
+
+    hidden_sizes: tuple = (4, 8, 12, 16, 24, 33, 48, 64, 96)
+    seeds: tuple = (0, 1, 2, 3, 4)
+    epochs: int = 5
+    tokens_per_epoch: int = 16384
+    lr: float = 0.003
+    num_prompts: int = 1024
+    paper_saturation: int = 33     # "saturates at d = 12 for d_h >= 2.75 d"
+
+    def __post_init__(self):
+        for size in self.hidden_sizes:
+            check_positive_int(size, "hidden_sizes")
+        for name in ("epochs", "tokens_per_epoch", "num_prompts"):
+            check_positive_int(getattr(self, name), name)
+
+    def quick(self):
+        return TrainedRankConfig(hidden_sizes=(4, 12, 33, 64), seeds=(0, 1), epochs=2, tokens_per_epoch=4096,
+                                 num_prompts=128)
+
+
+class FeedForward(torch.nn.Module):
+    """Per-model ReLU FFN x_hat = W_2 ReLU(W_1 h + b_1) + b_2 (Eq. (2)), hidden width ``widths[m]``
+    inside a common padded width: units beyond a model's width are masked to zero."""
+
+    def __init__(self, dim, widths, seeds, dtype=torch.float32):
+        super().__init__()
+        width = max(widths)
+        parts = {"W_1": [], "b_1": [], "W_2": [], "b_2": []}
+        for hidden, seed in zip(widths, seeds):
+            g = make_generator(20_000 + seed)
+            W_1, b_1 = uniform_linear(hidden, dim, g)
+            W_2, b_2 = uniform_linear(dim, hidden, g)
+            parts["W_1"].append(torch.nn.functional.pad(W_1, (0, 0, 0, width - hidden)))
+            parts["b_1"].append(torch.nn.functional.pad(b_1, (0, width - hidden)))
+            parts["W_2"].append(torch.nn.functional.pad(W_2, (0, width - hidden)))
+            parts["b_2"].append(b_2)
+        for name, values in parts.items():
+            setattr(self, name, torch.nn.Parameter(torch.stack(values).to(dtype)))
+        self.register_buffer("mask", (torch.arange(width) < torch.tensor(widths)[:, None]).to(dtype))
+
+    def pre_activation(self, h):
+        """W_1 h + b_1 for h (M, B, d): (M, B, width), masked units at -1 (never active)."""
+        u = h @ self.W_1.transpose(-1, -2) + self.b_1[:, None, :]
+        return torch.where(self.mask[:, None, :] > 0, u, -torch.ones_like(u))
+
+    def forward(self, h):
+        hidden = torch.relu(self.pre_activation(h)) * self.mask[:, None, :]
+        return hidden @ self.W_2.transpose(-1, -2) + self.b_2[:, None, :]
+
+
+def trained_rank_bound(config, *, progress=False):
+    """Train every (d_h, seed) layer of ``config`` as one batch and measure the rank bound.
+
+    Returns per d_h the mean and std over seeds of min(d, #active ReLUs) at the query, and each
+    model's training loss per epoch and final test loss (predicting the query's label)."""
+    from tqdm.auto import tqdm
+
+    from icl_lens.experiments import task_data, test_sets
+    from icl_lens.layers import AttentionEnsemble, LayerConfig, Modification
+
+    task = tasks.RegressionTask.linear()
+    d = task.token_dim
+    models = [(hidden, seed) for hidden in config.hidden_sizes for seed in config.seeds]
+    attention = AttentionEnsemble(LayerConfig(token_dim=d), [Modification()] * len(models), [s for _, s in models])
+    ffn = FeedForward(d, [h for h, _ in models], [s for _, s in models])
+    data = task_data(task, config.seeds)
+    steps = config.tokens_per_epoch // task.num_tokens
+
+    def predict(tokens):
+        return ffn(attention(tokens))[..., -1]
+
+    history = []
+    bar = tqdm(total=config.epochs * steps, desc="fig14 (trained layers)", disable=not progress)
+    for _ in range(config.epochs):
+        tokens, targets = data.epoch(attention.seeds, steps, torch.float32, "cpu")
+        total = torch.zeros(len(models), dtype=torch.float64)
+        for step in range(steps):
+            errors = ((predict(tokens[:, step : step + 1]) - targets[:, step : step + 1, 0]) ** 2).mean(-1)
+            errors.sum().backward()
+            with torch.no_grad():
+                for parameter in (*attention.parameters(), *ffn.parameters()):
+                    if parameter.grad is not None:
+                        parameter -= config.lr * parameter.grad
+                        parameter.grad = None
+            total += errors.detach().double()
+            bar.update(1)
+        history.append((total / steps).tolist())
+    bar.close()
+    tests = test_sets(task, data.weights, config.num_prompts)
+    tokens = torch.stack([tests[s][0] for _, s in models]).float()
+    targets = torch.stack([tests[s][1] for _, s in models]).float()
+    with torch.no_grad():
+        h = attention(tokens)
+        active = (ffn.pre_activation(h) >= 0).sum(-1)
+        test = ((ffn(h)[..., -1] - targets[..., 0]) ** 2).mean(-1)
+    bound = active.clamp(max=d).double().mean(-1).reshape(len(config.hidden_sizes), len(config.seeds))
+    return {"hidden_sizes": list(config.hidden_sizes), "d": d, "seeds": list(config.seeds),
+            "mean_bound": bound.mean(1).tolist(),
+            "std_bound": (bound.std(1) if len(config.seeds) > 1 else torch.zeros(len(bound))).tolist(),
+            "bound_per_seed": bound.tolist(), "train_loss": [list(row) for row in zip(*history)],
+            "test_loss": test.tolist(), "label_variance": [float(tests[s][1].var(unbiased=False)) for _, s in models],
+            "paper_saturation": config.paper_saturation, "epochs": config.epochs, "lr": config.lr}

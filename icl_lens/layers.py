@@ -5,8 +5,9 @@ with d_r = 100 (d_t + d_s), or exact softmax. Each modification is a per-model s
 value, so models that differ in alpha, k, beta or augmentation share one set of tensors:
 
     alpha        regularized attention (Eq. (12), D.1): the query's own score scaled by (1 - alpha)
-                 ("proportional", the form the loss gives) or lowered by alpha ("constant", A - alpha I),
-                 then, by default, the column renormalised (the self-attention version); 0 = off
+                 (alpha_form "proportional", the form the loss gives) or lowered by alpha ("constant",
+                 A - alpha I, the reading of Lemma D.1), then, unless renormalise=False, the scores
+                 renormalised to sum to one (the self-attention version); 0 = off
     value_map    g1 on the values W_V x (Eq. (14), D.2): "none", "gelu" (sigma(W x + b), one layer),
                  "mlp-gelu" or "mlp-elu" (two layers, the g^+ of Appendix E)
     key_map      g2 on the keys W_K x, same choices
@@ -35,6 +36,7 @@ from icl_lens.kernels import positive_random_features
 from icl_lens.validation import as_tensor, check_positive_int
 
 MAP_KINDS = ("none", "gelu", "mlp-gelu", "mlp-elu")
+ALPHA_FORMS = ("proportional", "constant")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class Modification:
     negative_k: int = 0
     beta: float = 0.0
     ridge: float = 0.0
+    alpha_form: str = "proportional"      # or "constant": the two readings of the regularized form
+    renormalise: bool = True              # regularized scores renormalised to sum to one
 
     def __post_init__(self):
         for name in ("value_map", "key_map"):
@@ -59,13 +63,20 @@ class Modification:
             raise ValueError(f"negative_k must be a non-negative int, got {self.negative_k!r}")
         if self.ridge < 0:
             raise ValueError(f"ridge must be >= 0, got {self.ridge}")
+        if self.alpha_form not in ALPHA_FORMS:
+            raise ValueError(f"alpha_form must be one of {ALPHA_FORMS}, got {self.alpha_form!r}")
+        if self.renormalise and self.alpha and (self.alpha >= 1 if self.alpha_form == "proportional" else self.alpha == 1):
+            # the renormalising sum 1 - alpha a_jj (or 1 - alpha) can reach zero
+            raise ValueError(f"alpha={self.alpha} with alpha_form={self.alpha_form!r} and renormalise=True can "
+                             "divide by zero; use alpha < 1 (proportional), alpha != 1 (constant) or renormalise=False")
 
     @property
     def name(self):
         """A short label for legends: 'normal', 'alpha=0.1', 'g1=gelu', 'k=3 beta=0.1', joined by ' + '."""
         parts = []
         if self.alpha:
-            parts.append(f"alpha={self.alpha:g}")
+            form = {"proportional": "", "constant": " const"}[self.alpha_form]
+            parts.append(f"alpha={self.alpha:.3g}{form}{'' if self.renormalise else ' raw'}")
         if self.value_map != "none":
             parts.append(f"g1={self.value_map}")
         if self.key_map != "none":
@@ -84,8 +95,6 @@ class LayerConfig:
     token_dim: int = 12
     num_features: int = None
     kernel: str = "performer"                 # or "softmax"
-    regularized_form: str = "proportional"    # or "constant" (A - alpha I, the reading of Lemma D.1)
-    renormalise: bool = True                  # column normalisation of the regularized self-attention
 
     def __post_init__(self):
         check_positive_int(self.token_dim, "token_dim")
@@ -93,8 +102,6 @@ class LayerConfig:
             check_positive_int(self.num_features, "num_features")
         if self.kernel not in ("performer", "softmax"):
             raise ValueError(f"kernel must be 'performer' or 'softmax', got {self.kernel!r}")
-        if self.regularized_form not in ("proportional", "constant"):
-            raise ValueError(f"regularized_form must be 'proportional' or 'constant', got {self.regularized_form!r}")
 
     @property
     def features(self):
@@ -149,9 +156,6 @@ class AttentionEnsemble(torch.nn.Module):
         for m in modifications:
             if not isinstance(m, Modification):
                 raise ValueError(f"modifications must hold Modification objects, got {type(m).__name__}")
-            if config.renormalise and m.alpha and (m.alpha >= 1 if config.regularized_form == "proportional" else m.alpha == 1):
-                # the renormalising column sum 1 - alpha a_jj (or 1 - alpha) can reach zero
-                raise ValueError(f"alpha={m.alpha} with renormalise=True can divide by zero; use alpha < 1")
         self.config = config
         self.seeds = [int(s) for s in seeds]
         device = pick(device)
@@ -169,6 +173,8 @@ class AttentionEnsemble(torch.nn.Module):
             return torch.tensor(values, dtype=kind, device=device)
 
         self.register_buffer("alpha", per_model([m.alpha for m in modifications]))
+        self.register_buffer("alpha_constant", per_model([m.alpha_form == "constant" for m in modifications], torch.bool))
+        self.register_buffer("renormalise", per_model([m.renormalise for m in modifications], torch.bool))
         self.register_buffer("beta", per_model([m.beta if m.negative_k else 0.0 for m in modifications]))
         self.register_buffer("negative_k", per_model([m.negative_k if m.beta else 0 for m in modifications], torch.long))
         self.register_buffer("ridge", per_model([m.ridge for m in modifications]))
@@ -298,15 +304,15 @@ class AttentionEnsemble(torch.nn.Module):
         return out
 
     def regularize(self, weights):
-        """Eq. (12) in self-attention form: the query's own weight (the last) times (1 - alpha), or
-        minus alpha, then the weights renormalised to sum to 1 when ``config.renormalise``."""
+        """Eq. (12) in self-attention form, per model: the query's own weight (the last) times
+        (1 - alpha), or minus alpha (``alpha_form="constant"``), then the weights renormalised to sum
+        to 1 for the models with ``renormalise``."""
         alpha = self.alpha[:, None]
         own = weights[..., -1]
-        own = own * (1 - alpha) if self.config.regularized_form == "proportional" else own - alpha
+        own = torch.where(self.alpha_constant[:, None], own - alpha, own * (1 - alpha))
         weights = torch.cat([weights[..., :-1], own.unsqueeze(-1)], dim=-1)
-        if self.config.renormalise:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights
+        total = weights.sum(dim=-1, keepdim=True)
+        return torch.where(self.renormalise[:, None, None], weights / total, weights)
 
     def sgd_step(self, lr):
         """p <- p - lr_m grad_m for each model m; ``lr`` (M,) holds the models' learning rates."""

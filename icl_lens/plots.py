@@ -60,14 +60,15 @@ def attention_heatmaps_figure(exact, estimate, exact_output, estimate_output, nu
     return figure
 
 
-def sgd_error_figure(curves, title="Fig. 3 (left): dual model trained one demonstration at a time"):
+def sgd_error_figure(curves, title="Fig. 3 (left): dual model trained one demonstration at a time",
+                     ylabel="$\\|\\hat y_{test} - h'\\|^2$"):
     """||y_test - h'||^2 against the number of SGD steps, one line per label, log scale.
 
     ``curves`` maps a label to a sequence of squared errors (entry t: after t steps). Exact zeros are
     drawn at the floor 1e-35 so that reaching round-off is visible on the log axis.
     """
     figure, axis = plt.subplots(figsize=(6.4, 3.8))
-    sgd_error_panel(axis, curves, title=title, ylabel="$\\|\\hat y_{test} - h'\\|^2$", fontsize=8)
+    sgd_error_panel(axis, curves, title=title, ylabel=ylabel, fontsize=8)
     figure.tight_layout()
     return figure
 
@@ -186,47 +187,73 @@ def bound_figure(results, title="Theorem 3.2: measured gap against the bound"):
     return figure
 
 
-def _loss_panel(axis, named_curves, normal=None):
-    """Median over seeds (line) and min-max over seeds (band) of each (seeds, epochs) loss tensor.
+BASELINES = {   # key in a record's baselines: (legend label, line style)
+    "context_mean": ("context mean (uniform attention)", ":"),
+    "nadaraya_watson": ("Nadaraya-Watson (softmax on raw inputs)", "-."),
+    "least_squares": ("least squares on the prompt", (0, (5, 2, 1, 2))),
+    "log_least_squares": ("least squares on log s", (0, (1, 1))),
+}
+FLOOR = 1e-3   # normalised losses below this (an exact in-context fit) are drawn at the floor
 
-    The median, not the mean: one seed of the exponential task has labels a hundred times larger than
-    the others. The y axis stops at 5x the normal model's largest loss, so a diverging run leaves the
-    panel instead of flattening it; nan (diverged) epochs are gaps.
-    """
-    if normal is not None:
-        epochs = range(1, normal.shape[1] + 1)
-        axis.plot(epochs, normal.nanmedian(0).values, color="black", linestyle="--", linewidth=1.2, label="normal")
+
+def _median_band(axis, epochs, losses, **style):
+    """Median over seeds (line) and interquartile range (band) of a (seeds, points) tensor."""
+    finite = losses.nan_to_num(nan=math.inf)
+    median = finite.median(0).values
+    line, = axis.plot(epochs, median.clamp(min=FLOOR), **style)
+    if losses.shape[0] > 2:
+        low, high = torch.quantile(finite, 0.25, dim=0), torch.quantile(finite, 0.75, dim=0)
+        axis.fill_between(epochs, low.clamp(min=FLOOR), high.clamp(min=FLOOR, max=1e3), color=line.get_color(),
+                          alpha=0.15, linewidth=0)
+    return median
+
+
+def _partner_curves(result, group, seed=None):
+    """The normal model's curves at the learning rate of ``group`` (its lr-matched control)."""
+    lr = next(m["lr"] for m in result["models"] if m["group"] == group)
+    name = next(m["name"] for m in result["models"] if m["group"] == "normal" and m["lr"] == lr)
+    return experiments.curves(result, "normal", seed)[name]
+
+
+def _test_panel(axis, result, named_curves, normal, *, legend=True):
+    """Normalised test loss (test MSE / label variance) at the checkpoints: median over seeds and
+    interquartile band of each variant, the normal model dashed, the baselines as horizontal lines
+    (median over seeds); 1 is predicting the mean."""
+    epochs = result["checkpoint_epochs"]
+    medians = [_median_band(axis, epochs, normal, color="black", linestyle="--", linewidth=1.4,
+                            label="normal (same lr)")]
     for name, losses in named_curves.items():
-        epochs = range(1, losses.shape[1] + 1)
-        line, = axis.plot(epochs, losses.nanmedian(0).values, label=name)
-        if losses.shape[0] > 1:
-            low, high = losses.nan_to_num(nan=math.inf).amin(0), losses.nan_to_num(nan=-math.inf).amax(0)
-            axis.fill_between(epochs, low, high, color=line.get_color(), alpha=0.15)
-    if normal is not None and torch.isfinite(normal).any():
-        everything = torch.cat([normal.flatten(), *(losses.flatten() for losses in named_curves.values())])
-        lowest = everything[torch.isfinite(everything) & (everything > 0)].min()
-        axis.set_ylim(0.7 * float(lowest), 5 * float(normal[torch.isfinite(normal)].max()))
-    axis.set(yscale="log", xlabel="epoch (16384 tokens)", ylabel="training loss")
+        medians.append(_median_band(axis, epochs, losses, label=name))
+    axis.axhline(1.0, color="grey", linewidth=1.0, label="predict the mean")
+    for key, values in experiments.normalised_baselines(result).items():
+        label, style = BASELINES[key]
+        value = float(values.median())
+        axis.axhline(max(value, FLOOR), color="grey", linestyle=style, linewidth=1.0,
+                     label=label + (" (exact: 0)" if value < FLOOR else ""))
+    finite = torch.cat([m[torch.isfinite(m)] for m in medians])
+    low = max(FLOOR, 0.5 * float(finite.min())) if finite.numel() else FLOOR
+    axis.set_ylim(low * 0.8, max(2.0, 1.5 * float(finite.max())) if finite.numel() else 2.0)
+    axis.set(yscale="log", xlabel="epoch (16384 tokens)", ylabel="test MSE / label variance")
     axis.grid(True, which="both", alpha=0.3)
-    axis.legend(fontsize=7)
+    if legend:
+        axis.legend(fontsize=6.5, loc="lower left", ncol=2)
 
 
 def experiment_figure(result, groups, *, title, seed=None, equivalence=True):
-    """The equivalence curve (Fig. 3, left), then one loss panel per group (normal model dashed in
-    each), two a row; ``seed=None`` pools the seeds of the task record ``result``."""
+    """The equivalence curve (Fig. 3, left), then one test-loss panel per group (normal model dashed
+    in each, baselines as horizontal lines), two a row; ``seed=None`` pools the seeds."""
     count = len(groups) + int(equivalence)
     rows = math.ceil(count / 2)
-    figure, axes = plt.subplots(rows, 2, figsize=(11, 3.8 * rows), squeeze=False)
+    figure, axes = plt.subplots(rows, 2, figsize=(11, 4.2 * rows), squeeze=False)
     axes = list(axes.ravel())
     for unused in axes[count:]:
         unused.set_visible(False)
     if equivalence:
         shown = result["equivalence"] if seed is None else {str(seed): result["equivalence"][str(seed)]}
         sgd_error_panel(axes.pop(0), {f"seed {s}": curve["squared_error"] for s, curve in shown.items()},
-                        title="equivalence", ylabel="$\\|f(x) - h'\\|^2$", fontsize=7)
-    normal = experiments.curves(result, "normal", seed)["normal"]
+                        title="equivalence (Theorem 3.1)", ylabel="$\\|f(x) - h'\\|^2$", fontsize=7)
     for axis, group in zip(axes, groups):
-        _loss_panel(axis, experiments.curves(result, group, seed), normal)
+        _test_panel(axis, result, experiments.curves(result, group, seed), _partner_curves(result, group, seed))
         axis.set_title(group)
     figure.suptitle(title)
     figure.tight_layout()
@@ -234,12 +261,12 @@ def experiment_figure(result, groups, *, title, seed=None, equivalence=True):
 
 
 def seeds_figure(result, groups, seeds, *, title):
-    """Fig. 10: one row per seed, one loss panel per group."""
+    """Fig. 10: one row per seed, one test-loss panel per group."""
     figure, axes = plt.subplots(len(seeds), len(groups), figsize=(4.2 * len(groups), 3.3 * len(seeds)), squeeze=False)
     for row, seed in zip(axes, seeds):
-        normal = experiments.curves(result, "normal", seed)["normal"]
         for axis, group in zip(row, groups):
-            _loss_panel(axis, experiments.curves(result, group, seed), normal)
+            _test_panel(axis, result, experiments.curves(result, group, seed), _partner_curves(result, group, seed),
+                        legend=seed == seeds[0])
             axis.set_title(f"{group}, seed {seed}")
     figure.suptitle(title)
     figure.tight_layout()
@@ -247,10 +274,10 @@ def seeds_figure(result, groups, seeds, *, title):
 
 
 def combinations_figure(results, *, title="Fig. 13: combinations of modifications"):
-    """One loss panel per task: the combinations against the normal model."""
-    figure, axes = plt.subplots(1, len(results), figsize=(4.6 * len(results), 3.6), squeeze=False)
+    """One test-loss panel per task: the combinations against the normal model and the baselines."""
+    figure, axes = plt.subplots(1, len(results), figsize=(4.8 * len(results), 4.2), squeeze=False)
     for axis, (task, result) in zip(axes[0], results.items()):
-        _loss_panel(axis, experiments.curves(result, "combination"), experiments.curves(result, "normal")["normal"])
+        _test_panel(axis, result, experiments.curves(result, "combination"), _partner_curves(result, "combination"))
         axis.set_title(task)
     figure.suptitle(title)
     figure.tight_layout()
@@ -258,10 +285,45 @@ def combinations_figure(results, *, title="Fig. 13: combinations of modification
 
 
 def variants_figure(result, group, names, *, title):
-    """Loss curves of the chosen variants of one group against the normal model (an explorer frame)."""
+    """Test curves of the chosen variants of one group against the normal model (an explorer frame)."""
     figure, axis = plt.subplots(figsize=(6.4, 3.8))
     chosen = {name: losses for name, losses in experiments.curves(result, group).items() if name in names}
-    _loss_panel(axis, chosen, experiments.curves(result, "normal")["normal"])
+    _test_panel(axis, result, chosen, _partner_curves(result, group))
     axis.set_title(title)
+    figure.tight_layout()
+    return figure
+
+
+OFF_SCALE = 3.0   # paired differences beyond this (diverging runs) are drawn at the edge with an arrow
+
+
+def paired_figure(results, *, no_effect, title):
+    """Per task, every variant's median paired difference to the normal model (normalised test
+    loss, variant - normal) with its bootstrap 95% interval; the +-``no_effect`` band is shaded.
+    ``results`` maps a task to rows of :func:`icl_lens.claims.variant_rows`."""
+    heights = [max(2.5, 0.24 * len(rows) + 1.0) for rows in results.values()]
+    figure, axes = plt.subplots(1, len(results), figsize=(5.0 * len(results), max(heights)), squeeze=False)
+    for axis, (task, rows) in zip(axes[0], results.items()):
+        for position, row in enumerate(rows):
+            median, (low, high) = row["median_difference"], row["interval"]
+            if median is None or low is None or high is None:
+                axis.text(OFF_SCALE, position, "diverged", fontsize=7, va="center", ha="right", color="red")
+                continue
+            color = "tab:green" if high < -no_effect else ("tab:red" if low > no_effect else "tab:grey")
+            shown = [min(x, OFF_SCALE) for x in (low, median, high)]
+            axis.errorbar(shown[1], position, xerr=[[shown[1] - shown[0]], [shown[2] - shown[1]]], fmt="o",
+                          color=color, markersize=4, capsize=2)
+            if high > OFF_SCALE:
+                axis.annotate("", (OFF_SCALE * 1.6, position), (OFF_SCALE, position),
+                              arrowprops={"arrowstyle": "->", "color": color})
+        axis.axvspan(-no_effect, no_effect, color="grey", alpha=0.2)
+        axis.axvline(0, color="black", linewidth=0.8)
+        axis.set_yticks(range(len(rows)), [r["name"] for r in rows], fontsize=7)
+        axis.invert_yaxis()
+        axis.set_xscale("symlog", linthresh=no_effect)
+        axis.set_xlim(-1.2, OFF_SCALE * 2)
+        axis.set(xlabel="variant - normal (test MSE / label variance)", title=task)
+        axis.grid(True, axis="x", alpha=0.3)
+    figure.suptitle(title)
     figure.tight_layout()
     return figure

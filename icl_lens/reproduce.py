@@ -2,32 +2,43 @@
 
 Figures and what they need:
 
-    fig3   linear task: equivalence (Fig. 3 left) and the regularized, augmented, negative models
-    fig6, fig7, fig8   random-feature approximation of attention against d_r (one study, one figure)
-    fig9   exact against estimated attention at d_r = 1200
-    fig10  linear task, each seed on its own (the paper's other seeds)
-    fig11  trigonometric task;  fig12  exponential task
-    fig13  combinations of modifications on the three tasks
+    fig3    linear task: equivalence (Fig. 3 left) and the regularized, augmented, negative models
+    fig6, fig7, fig8   random-feature approximation of attention against d_r, on random layers and
+                       on the trained layers of the linear task (one study, one figure)
+    fig9    exact against estimated attention at d_r = 1200, on a trained layer of the linear task
+    fig10   linear task, each seed on its own
+    fig11   trigonometric task;  fig12  exponential task
+    fig13   combinations of modifications on the three tasks
+    fig14   Rank(W_F) bound against the FFN width on trained attention + FFN layers (Theorem B.1)
+    paired  every variant against the normal model of its seed and learning rate, per task
+    claims  a verdict for every empirical claim of Section 5 / Appendix E (claims.json, no figure)
 
 Each figure is written as ``<name>.png`` beside ``<name>.json`` (the numbers it plots); each task's
 full training record goes to ``task_<kind>.json``. A task is trained once per call, however many
-figures use it. No timings go into the JSON files, so one seed and device give the same bytes.
+figures use it. No timings go into the JSON files, so one seed and setting give the same bytes.
 """
 
 import sys
 import time
 from dataclasses import replace
 
-from icl_lens import approximation, experiments, plots
+from pathlib import Path
+
+from icl_lens import approximation, claims, experiments, ffn_rank, plots
 from icl_lens.device import generator, pick
 from icl_lens.kernels import PositiveRandomFeatures, draw_omega
 from icl_lens.results import load_result, repository_root, save_result
 
+ALL_TASKS = ("linear", "trigonometric", "exponential")
 TASK_OF_FIGURE = {"fig3": ("linear",), "fig10": ("linear",), "fig11": ("trigonometric",), "fig12": ("exponential",),
-                  "fig13": ("linear", "trigonometric", "exponential")}
+                  "fig13": ALL_TASKS, "paired": ALL_TASKS, "claims": ALL_TASKS,
+                  "fig6": ("linear",), "fig7": ("linear",), "fig8": ("linear",), "fig9": ("linear",)}
 APPROXIMATION_FIGURES = ("fig6", "fig7", "fig8")
-FIGURES = ("fig3", "fig6", "fig7", "fig8", "fig9", "fig10", "fig11", "fig12", "fig13")
+FIGURES = ("fig3", "fig6", "fig7", "fig8", "fig9", "fig10", "fig11", "fig12", "fig13", "fig14", "paired", "claims")
 PANELS = ("regularized", "augmented", "negative")
+# what ``reproduce all`` writes (JSON names), which the experiments chapter reads
+OUTPUTS = ("fig3", "fig6-8", "fig9", "fig10", "fig11", "fig12", "fig13", "fig14", "paired", "claims",
+           *(f"task_{kind}" for kind in ALL_TASKS))
 
 
 def experiment_config(kind, *, quick=False, seeds=None):
@@ -45,28 +56,44 @@ def approximation_config(quick=False, orthogonal=False):
 
 def figure_numbers(result, groups):
     """The part of a task record that a figure plots."""
-    return {
-        "task": result["task"],
-        "config": result["config"],
-        "epochs": result["epochs"],
-        "models": [m for m in result["models"] if m["group"] in ("normal", *groups)],
-        "equivalence": result["equivalence"],
-    }
+    keep = ("task", "config", "epochs", "checkpoint_epochs", "baselines", "equivalence", "convergence")
+    numbers = {key: result[key] for key in keep}
+    numbers["models"] = [m for m in result["models"] if m["group"] in ("normal", *groups)]
+    return numbers
 
 
-def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None, reuse=False, log=sys.stderr):
+def check_output_folder(out):
+    """Create ``out`` or fail with a clear error naming --out (not a traceback from deep inside)."""
+    folder = Path(out)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise ValueError(f"--out {str(out)!r} is not a writable folder: {error.strerror}") from None
+    return folder
+
+
+def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None, reuse=False, workers=None,
+              log=sys.stderr):
     """Write the named figures (or ``"all"``) under ``out``; return {name: paths written}.
 
-    ``compile`` (default: in full mode only) trains through ``torch.compile``, see
-    :func:`icl_lens.experiments.run_experiment`. ``reuse=True`` draws from the ``task_*.json`` records
-    already in ``out`` instead of training again (to restyle figures).
+    ``compile`` trains through ``torch.compile`` (default: in full mode); ``workers`` (default: 2 in
+    full mode on the CPU, else 1) trains the seeds in that many processes, one thread each, see
+    :func:`icl_lens.experiments.run_experiment`.
+    ``reuse=True`` draws from the ``task_*.json`` records already in ``out`` instead of training
+    again (to restyle figures or recompute verdicts).
     """
-    compile = (not quick) if compile is None else compile
     names = list(FIGURES) if "all" in names else list(dict.fromkeys(names))
     unknown = [n for n in names if n not in FIGURES]
     if unknown:
         raise ValueError(f"unknown figure(s) {unknown}; choose from {list(FIGURES)} or 'all'")
+    out = check_output_folder(out)
     device = pick(device)
+    compile = (not quick) if compile is None else compile
+    if workers is None:
+        workers = 2 if (not quick and device.type == "cpu") else 1
     written, tasks = {}, {}
     for kind in dict.fromkeys(kind for n in names for kind in TASK_OF_FIGURE.get(n, ())):
         if reuse:
@@ -74,39 +101,73 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
             continue
         start = time.perf_counter()
         config = experiment_config(kind, quick=quick, seeds=seeds)
-        tasks[kind] = experiments.run_experiment(config, device=device, progress=log is not None, compile=compile)
+        tasks[kind] = experiments.run_experiment(config, device=device, progress=log is not None, compile=compile,
+                                                 workers=workers)
         written[f"task_{kind}"] = save_result(out, f"task_{kind}", tasks[kind])
         if log is not None:
-            log.write(f"{kind}: {len(tasks[kind]['models'])} models, {config.epochs} epochs, {time.perf_counter() - start:.1f} s\n")
+            log.write(f"{kind}: {len(tasks[kind]['models'])} models, {config.epochs} epochs, "
+                      f"{time.perf_counter() - start:.1f} s\n")
+    study = rank = None
+    if "claims" in names or "fig14" in names:
+        if reuse and (Path(out) / "fig14.json").exists():
+            rank = load_result(out, "fig14")
+        else:
+            config = ffn_rank.TrainedRankConfig()
+            rank = ffn_rank.trained_rank_bound(config.quick() if quick else config, progress=log is not None)
+            figure = plots.rank_bound_figure(rank, paper_saturation=rank["paper_saturation"])
+            written["fig14"] = save_result(out, "fig14", rank, figure)
     for name in names:
         if name in ("fig3", "fig11", "fig12"):
             result = tasks[TASK_OF_FIGURE[name][0]]
             title = (f"{name}: {result['task']} task, {result['config']['epochs']} epochs, "
-                     f"median and min-max over seeds {result['config']['seeds']}")
+                     f"median and quartiles over seeds {result['config']['seeds']}")
             figure = plots.experiment_figure(result, PANELS, title=title)
             written[name] = save_result(out, name, figure_numbers(result, PANELS), figure)
         elif name == "fig10":
             result = tasks["linear"]
-            seeds_shown = result["config"]["seeds"][1:] or result["config"]["seeds"]
+            seeds_shown = result["config"]["seeds"]
             figure = plots.seeds_figure(result, PANELS, seeds_shown,
-                                        title=f"fig10: linear task, {result['config']['epochs']} epochs, seeds {seeds_shown} one by one")
+                                        title=f"fig10: linear task, {result['config']['epochs']} epochs, one seed a row")
             written[name] = save_result(out, name, figure_numbers(result, PANELS), figure)
         elif name == "fig13":
-            epochs = tasks["linear"]["config"]["epochs"]
-            figure = plots.combinations_figure(tasks, title=f"fig13: combinations, {epochs} epochs")
+            epochs = {kind: r["config"]["epochs"] for kind, r in tasks.items()}
+            figure = plots.combinations_figure(tasks, title=f"fig13: combinations (epochs {epochs})")
             numbers = {kind: figure_numbers(result, ("combination",)) for kind, result in tasks.items()}
             written[name] = save_result(out, name, numbers, figure)
-        elif name in APPROXIMATION_FIGURES:
-            if "approximation" not in written:
-                configs = {"iid": approximation_config(quick), "orthogonal": approximation_config(quick, True)}
-                study = {name: approximation.approximation_error(c, device=device) for name, c in configs.items()}
-                repeats = configs["iid"].repeats
-                figure = plots.approximation_error_figure(study, title=f"figs 6-8: random features, {repeats} repeats")
+        elif name == "paired":
+            rows = {kind: claims.variant_rows(result) for kind, result in tasks.items()}
+            figure = plots.paired_figure(rows, no_effect=claims.NO_EFFECT,
+                                         title="every variant against the normal model of its seed and learning rate")
+            written[name] = save_result(out, name, rows, figure)
+        elif name in APPROXIMATION_FIGURES or name == "claims":
+            if study is None:
+                study = approximation_study(tasks["linear"], quick=quick, device=device)
+                figure = plots.approximation_error_figure(
+                    study, title=f"figs 6-8: random features, {approximation_config(quick).repeats} repeats")
                 written["approximation"] = save_result(out, "fig6-8", study, figure)
-            written[name] = written["approximation"]
+            if name == "claims":
+                verdicts = [claims.equivalence_claim(tasks), *claims.evaluate(tasks),
+                            claims.random_feature_claim(study["trained layers (linear task)"]),
+                            claims.rank_claim(rank)]
+                written[name] = save_result(out, "claims", {"rules": claims.RULES, "claims": verdicts})
+            else:
+                written[name] = written["approximation"]
+        elif name == "fig14":
+            written.setdefault(name, {"json": Path(out) / "fig14.json"})
         elif name == "fig9":
-            written[name] = save_result(out, name, *heatmaps(device))
+            written[name] = save_result(out, name, *heatmaps(tasks["linear"], device))
     return written
+
+
+def approximation_study(linear, *, quick, device):
+    """Figs. 6-8: random layers (iid and orthogonal features) and the trained layers of the linear
+    task's normal models (iid features), MSE / MAE against d_r."""
+    configs = {"iid (random layers)": approximation_config(quick),
+               "orthogonal (random layers)": approximation_config(quick, True)}
+    study = {name: approximation.approximation_error(c, device=device) for name, c in configs.items()}
+    study["trained layers (linear task)"] = approximation.approximation_error(
+        approximation_config(quick), device=device, layers=experiments.trained_layers(linear))
+    return study
 
 
 def saved_or_quick(out, *, quick):
@@ -114,9 +175,7 @@ def saved_or_quick(out, *, quick):
     ``book/data/experiments`` when not ``quick`` and every file is there, else ``("quick", out)``
     after a quick reproduction into ``out``."""
     saved = repository_root() / "book" / "data" / "experiments"
-    needed = ["fig3", "fig6-8", "fig9", "fig10", "fig11", "fig12", "fig13",
-              "task_linear", "task_trigonometric", "task_exponential"]
-    if not quick and all((saved / f"{name}.json").exists() for name in needed):
+    if not quick and all((saved / f"{name}.json").exists() for name in OUTPUTS):
         return "full", saved
     reproduce(["all"], out=out, quick=True, log=None)
     return "quick", out
@@ -132,11 +191,13 @@ def describe_source(source):
             "drop of the linear task, and the reading below is about the full run).")
 
 
-def heatmaps(device, num_features=1200, seed=0):
-    """Fig. 9: one random layer of 16 tokens, d = 12, exact against d_r = 1200 random features."""
-    g = generator(seed)
-    layer = approximation.random_layer(16, 12, generator=g, device=device)
-    compared = approximation.compare(layer, PositiveRandomFeatures(draw_omega(12, num_features, generator=g, device=device)))
+def heatmaps(linear, device, num_features=1200, seed=0):
+    """Fig. 9: the trained normal layer of the linear task's first seed on 16 test tokens, exact
+    against d_r = 1200 random features."""
+    layer = experiments.trained_layers(linear)[0]
+    layer = approximation.AttentionLayer(*(x.to(device) for x in (layer.tokens, layer.W_Q, layer.W_K, layer.W_V)))
+    omega = draw_omega(layer.W_K.shape[0], num_features, generator=generator(seed), device=device)
+    compared = approximation.compare(layer, PositiveRandomFeatures(omega))
     figure = plots.attention_heatmaps_figure(compared["attention"], compared["attention_estimate"],
                                              compared["output"], compared["output_estimate"], num_features)
     return compared, figure

@@ -30,6 +30,29 @@ def check_problem(A, x, b=None):
             raise ValueError(f"b has length {b.shape[-1]} but A has {A.shape[-2]} rows")
 
 
+def linear_regression_loss(A, x, b):
+    """Def. 1.1, linear regression: (1/2) ||A x - b||_2^2 (minimising it minimises ||A x - b||_2)."""
+    check_problem(A, x, b)
+    return 0.5 * ((logits(A, x) - b) ** 2).sum(-1)
+
+
+def linear_regression_grad(A, x, b):
+    """Its gradient in x: A^T (A x - b)."""
+    return ((logits(A, x) - b).unsqueeze(-1) * A).sum(-2)
+
+
+def exponential_regression_loss(A, x, b):
+    """Def. 1.2, exponential regression: (1/2) ||exp(A x) - b||_2^2."""
+    check_problem(A, x, b)
+    return 0.5 * ((torch.exp(logits(A, x)) - b) ** 2).sum(-1)
+
+
+def exponential_regression_grad(A, x, b):
+    """Its gradient in x: A^T (exp(A x) o (exp(A x) - b))."""
+    u = torch.exp(logits(A, x))
+    return ((u * (u - b)).unsqueeze(-1) * A).sum(-2)
+
+
 def logits(A, x):
     """Ax, shape (..., n)."""
     return (A @ x.unsqueeze(-1)).squeeze(-1)
@@ -116,18 +139,36 @@ def attention_step_A(A, x, b, lr):
     return A - check_positive_float(lr, "lr") * grad_A(A, x, b)
 
 
+def exp_difference(u, step):
+    """exp(u) - exp(u + step), computed as -exp(u) expm1(step): no cancellation however small the
+    step, so a tiny difference is not swamped by the round-off of two nearly equal exponentials."""
+    return -torch.exp(u) * torch.expm1(step)
+
+
+def alpha_difference(u, step):
+    """alpha at u minus alpha at u + step (alpha = sum of exponentials), cancellation-free."""
+    return exp_difference(u, step).sum(-1)
+
+
+def softmax_difference(u, step):
+    """softmax(u) - softmax(u + step) without cancellation: softmax_i(u + step) = softmax_i(u)
+    exp(step_i - log(alpha(u + step) / alpha(u))), and that log is log1p of a cancellation-free ratio."""
+    log_ratio = torch.log1p(-alpha_difference(u, step) / torch.exp(u).sum(-1))
+    return -torch.softmax(u, dim=-1) * torch.expm1(step - log_ratio.unsqueeze(-1))
+
+
 def shift_from_x(A, x_now, x_next):
     """delta_b = f(x_t) - f(x_{t+1}): moving x with b fixed equals keeping x_t and moving b by delta_b.
 
     (f(x_{t+1}) - b = f(x_t) - (b + delta_b).) The paper's sign may be the opposite; only the norm
-    enters its bounds.
+    enters its bounds. Computed from A (x_{t+1} - x_t) without cancellation.
     """
-    return f(A, x_now) - f(A, x_next)
+    return softmax_difference(logits(A, x_now), logits(A, x_next - x_now))
 
 
 def shift_from_A(A_now, A_next, x):
     """delta_b = f(A_t x) - f(A_{t+1} x), the shift induced by updating the document."""
-    return f(A_now, x) - f(A_next, x)
+    return softmax_difference(logits(A_now, x), logits(A_next - A_now, x))
 
 
 def shift_parts_from_x(A, x_now, x_next):
@@ -198,20 +239,23 @@ def check_beta(beta, *alphas):
 # --- the lemmas: each returns (lhs, rhs) -----------------------------------------------------------
 
 
-def basic_fact(u, v, closeness=0.01):
-    """Sec. 3.2: ||exp(u) - exp(v)||_2 <= 2 ||exp(u)||_2 ||u - v||_inf when ||u - v||_inf <= 0.01."""
+def basic_fact(u, v, closeness=0.01, *, step=None):
+    """Sec. 3.2: ||exp(u) - exp(v)||_2 <= 2 ||exp(u)||_2 ||u - v||_inf when ||u - v||_inf <= 0.01.
+
+    ``step`` = v - u, when known exactly (e.g. A (y - x)), avoids the cancellation of u - v."""
     as_tensor(u, "u")
     as_tensor(v, "v")
-    require(torch.as_tensor((u - v).abs().amax(-1) <= closeness), f"assumption ||u - v||_inf <= {closeness} fails")
-    lhs = (torch.exp(u) - torch.exp(v)).norm(dim=-1)
-    return lhs, 2 * torch.exp(u).norm(dim=-1) * (u - v).abs().amax(-1)
+    step = v - u if step is None else step
+    require(torch.as_tensor(step.abs().amax(-1) <= closeness), f"assumption ||u - v||_inf <= {closeness} fails")
+    lhs = exp_difference(u, step).norm(dim=-1)
+    return lhs, 2 * torch.exp(u).norm(dim=-1) * step.abs().amax(-1)
 
 
 def lipschitz_exp_x(A, x, y, R):
     """||exp(Ax) - exp(Ay)||_2 <= 2 sqrt(n) R exp(R^2) ||x - y||_2."""
     R = check_x_assumptions(A, x, y, R)
     n = A.shape[-2]
-    lhs = (torch.exp(logits(A, x)) - torch.exp(logits(A, y))).norm(dim=-1)
+    lhs = exp_difference(logits(A, x), logits(A, y - x)).norm(dim=-1)
     return lhs, 2 * math.sqrt(n) * R * math.exp(R**2) * (x - y).norm(dim=-1)
 
 
@@ -219,7 +263,8 @@ def lipschitz_alpha_x(A, x, y, R):
     """|alpha(x) - alpha(y)| <= 2 n R exp(R^2) ||x - y||_2."""
     R = check_x_assumptions(A, x, y, R)
     n = A.shape[-2]
-    return (alpha(A, x) - alpha(A, y)).abs(), 2 * n * R * math.exp(R**2) * (x - y).norm(dim=-1)
+    lhs = alpha_difference(logits(A, x), logits(A, y - x)).abs()
+    return lhs, 2 * n * R * math.exp(R**2) * (x - y).norm(dim=-1)
 
 
 def lipschitz_alpha_inverse_x(A, x, y, R, beta):
@@ -228,7 +273,8 @@ def lipschitz_alpha_inverse_x(A, x, y, R, beta):
     alpha_x, alpha_y = alpha(A, x), alpha(A, y)
     beta = check_beta(beta, alpha_x, alpha_y)
     n = A.shape[-2]
-    return (1 / alpha_x - 1 / alpha_y).abs(), 2 * n * R * math.exp(R**2) / beta**2 * (x - y).norm(dim=-1)
+    lhs = alpha_difference(logits(A, x), logits(A, y - x)).abs() / (alpha_x * alpha_y)
+    return lhs, 2 * n * R * math.exp(R**2) / beta**2 * (x - y).norm(dim=-1)
 
 
 def shift_bound_x(A, x_now, x_next, R, beta):
@@ -241,11 +287,29 @@ def shift_bound_x(A, x_now, x_next, R, beta):
     return lhs, 4 * n**1.5 * R * math.exp(2 * R**2) / beta**2 * (x_next - x_now).norm(dim=-1)
 
 
+def lipschitz_alpha_A(A, B, x, R):
+    """|alpha(A) - alpha(B)| <= 2 n R exp(R^2) ||A - B|| (alpha(A) = <exp(A x), 1>, x fixed)."""
+    R = check_A_assumptions(A, B, x, R)
+    n = A.shape[-2]
+    lhs = alpha_difference(logits(A, x), logits(B - A, x)).abs()
+    return lhs, 2 * n * R * math.exp(R**2) * spectral_norm(A - B)
+
+
+def lipschitz_alpha_inverse_A(A, B, x, R, beta):
+    """|alpha(A)^-1 - alpha(B)^-1| <= 2 beta^-2 n R exp(R^2) ||A - B||, given alpha >= beta."""
+    R = check_A_assumptions(A, B, x, R)
+    alpha_A, alpha_B = alpha(A, x), alpha(B, x)
+    beta = check_beta(beta, alpha_A, alpha_B)
+    n = A.shape[-2]
+    lhs = alpha_difference(logits(A, x), logits(B - A, x)).abs() / (alpha_A * alpha_B)
+    return lhs, 2 * n * R * math.exp(R**2) / beta**2 * spectral_norm(A - B)
+
+
 def lipschitz_exp_A(A, B, x, R):
     """||exp(Ax) - exp(Bx)||_2 <= 2 sqrt(n) R exp(R^2) ||A - B||."""
     R = check_A_assumptions(A, B, x, R)
     n = A.shape[-2]
-    lhs = (torch.exp(logits(A, x)) - torch.exp(logits(B, x))).norm(dim=-1)
+    lhs = exp_difference(logits(A, x), logits(B - A, x)).norm(dim=-1)
     return lhs, 2 * math.sqrt(n) * R * math.exp(R**2) * spectral_norm(A - B)
 
 
@@ -257,6 +321,48 @@ def shift_bound_A(A_now, A_next, x, R, beta):
     lhs = shift_from_A(A_now, A_next, x).norm(dim=-1)
     constant = (2 * n**1.5 / beta**2 + 2 * n**0.5 / beta) * R * math.exp(2 * R**2)
     return lhs, constant * spectral_norm(A_next - A_now)
+
+
+# --- the best constants: what each lemma's left side can reach (mean value theorem) ------------------
+# For a and b in R, |e^a - e^b| <= e^max(a, b) |a - b|, with equality in the limit b -> a; and the
+# softmax Jacobian diag(f) - f f^T has spectral norm at most 1/2. Each function returns (lhs, rhs)
+# with the tightest rhs these facts give; the ratio can approach 1 and never exceed it.
+
+
+def largest_exponent(u, step):
+    """max_i max(u_i, u_i + step_i): the largest exponent on the segment from u to u + step."""
+    return torch.maximum(u, u + step).amax(-1)
+
+
+def tight_basic_fact(u, step, closeness=0.01):
+    """||exp(u) - exp(u + step)||_2 <= e^closeness ||exp(u)||_2 ||step||_inf (the 2 of Sec. 3.2 is
+    e^0.01 ~ 1.005 at best)."""
+    require(torch.as_tensor(step.abs().amax(-1) <= closeness), f"assumption ||u - v||_inf <= {closeness} fails")
+    return exp_difference(u, step).norm(dim=-1), math.exp(closeness) * torch.exp(u).norm(dim=-1) * step.abs().amax(-1)
+
+
+def tight_exp(u, step):
+    """||exp(u) - exp(u + step)||_2 <= e^max ||step||_2 (with step = A(y - x) or (B - A) x)."""
+    return exp_difference(u, step).norm(dim=-1), torch.exp(largest_exponent(u, step)) * step.norm(dim=-1)
+
+
+def tight_alpha(u, step):
+    """|alpha(u) - alpha(u + step)| <= e^max ||step||_1."""
+    return alpha_difference(u, step).abs(), torch.exp(largest_exponent(u, step)) * step.abs().sum(-1)
+
+
+def tight_alpha_inverse(u, step):
+    """|1/alpha(u) - 1/alpha(u + step)| = |alpha(u) - alpha(u + step)| / (alpha(u) alpha(u + step))
+    <= e^max ||step||_1 / (alpha(u) alpha(u + step))."""
+    lhs, rhs = tight_alpha(u, step)
+    product = torch.exp(u).sum(-1) * torch.exp(u + step).sum(-1)
+    return lhs / product, rhs / product
+
+
+def tight_softmax(u, step):
+    """||softmax(u) - softmax(u + step)||_2 <= ||step||_2 / 2 (Jacobian norm at most 1/2); with
+    step = A(y - x) this gives ||f(x) - f(y)|| <= ||A|| ||x - y|| / 2."""
+    return softmax_difference(u, step).norm(dim=-1), 0.5 * step.norm(dim=-1)
 
 
 def M(n, R):

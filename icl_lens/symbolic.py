@@ -244,3 +244,114 @@ def loss_gradient_norms(output_dim=2, negatives=2):
         "negative": negative,
         "negative_residual": sp.simplify(negative - negative_closed),
     }
+
+
+def symbol_matrix(name, rows, columns, **assumptions):
+    return sp.Matrix(rows, columns, lambda i, j: sp.Symbol(f"{name}_{i + 1}{j + 1}", **assumptions))
+
+
+def linear_attention_dual(num_samples=2, input_dim=2, output_dim=2, signal_sign=-1):
+    """Eqs. (3)-(4): one GD step of a linear layer W on (1/2) sum_i |W x_i - y_i|^2 is
+    W_0 + sum_i e_i x_i^T with e_i = -eta dL/dy_hat_i, and its test prediction is
+    W_0 x + LA(E, X, x) = W_0 x + E X^T x. Returns the two residuals (zero matrices);
+    ``signal_sign=+1`` (the wrong sign of e_i) makes them non-zero."""
+    eta = sp.symbols("eta", positive=True)
+    W0 = symbol_matrix("w", output_dim, input_dim)
+    X = symbol_matrix("x", input_dim, num_samples)        # columns are the inputs, as in Eq. (3)
+    Y = symbol_matrix("y", output_dim, num_samples)
+    x_test = symbol_matrix("t", input_dim, 1)
+    W = symbol_matrix("W", output_dim, input_dim)
+    loss = sum(((W * X[:, i] - Y[:, i]).T * (W * X[:, i] - Y[:, i]))[0, 0] for i in range(num_samples)) / 2
+    gradient = W.applyfunc(lambda entry: sp.diff(loss, entry)).subs(dict(zip(W, W0)))
+    stepped = W0 - eta * gradient
+    E = sp.Matrix.hstack(*[signal_sign * eta * (W0 * X[:, i] - Y[:, i]) for i in range(num_samples)])   # e_i
+    outer = sum((E[:, i] * X[:, i].T for i in range(num_samples)), sp.zeros(output_dim, input_dim))
+    return {"step_residual": (stepped - (W0 + outer)).applyfunc(sp.expand),
+            "prediction_residual": (stepped * x_test - (W0 * x_test + E * X.T * x_test)).applyfunc(sp.expand)}
+
+
+def stacked_demo_outputs(num_demos=3, value_dim=2, num_features=2, rescale=True):
+    """Theorem B.2, Eq. (25): (D / D_i) [f_hat(q_i) - f_init(q_i)] is the PrefixLM output of
+    demonstration i, sum_j v_j phi(k_j)^T phi(q_i) / D_i with D_i = sum_j phi(k_j)^T phi(q_i)
+    (generic symbols for every feature value). Returns the residual for each demonstration;
+    ``rescale=False`` drops the D / D_i factor, which must leave a residual."""
+    eta, D = sp.symbols("eta D", positive=True)
+    phi_K = symbol_matrix("phi", num_demos, num_features, positive=True)
+    V = symbol_matrix("v", num_demos, value_dim)
+    W = symbol_matrix("W", value_dim, num_features)
+    W0 = symbol_matrix("w", value_dim, num_features)
+    loss = -sum((V[i, :] * W * phi_K[i, :].T)[0, 0] for i in range(num_demos)) / (eta * D)   # Eq. (24)
+    W_hat = W0 - eta * W.applyfunc(lambda entry: sp.diff(loss, entry))
+    residuals = []
+    for i in range(num_demos):
+        phi_q = symbol_matrix(f"q{i + 1}", num_features, 1, positive=True)
+        D_i = sum(phi_K * phi_q)
+        dual_side = (D / D_i if rescale else 1) * (W_hat * phi_q - W0 * phi_q)
+        prefix_lm = V.T * (phi_K * phi_q) / D_i
+        residuals.append((dual_side - prefix_lm).applyfunc(sp.simplify))
+    return residuals
+
+
+def augmented_dual(num_demos=2, value_dim=2, num_features=2, augment_query_side=True):
+    """Eqs. (13)-(14): with labels g_1(W_V x_i) and inputs phi(g_2(W_K x_i)) (generic symbols), one
+    step of the augmented loss from W_0 = g_1(v_q) phi(g_2(k_q))^T / D predicts the augmented
+    attention output. Returns the residual; ``augment_query_side=False`` starts from the
+    un-augmented query value, which must leave one."""
+    eta = sp.symbols("eta", positive=True)
+    G1 = symbol_matrix("g", num_demos + 1, value_dim)                # g_1 of every value, query last
+    Phi2 = symbol_matrix("phi", num_demos + 1, num_features, positive=True)   # phi(g_2(key))
+    phi_q = symbol_matrix("q", num_features, 1, positive=True)
+    W = symbol_matrix("W", value_dim, num_features)
+    scores = Phi2 * phi_q
+    D = sum(scores)
+    query_value = G1[-1, :] if augment_query_side else symbol_matrix("u", 1, value_dim)
+    W0 = query_value.T * Phi2[-1, :] / D
+    loss = -sum((G1[i, :] * W * Phi2[i, :].T)[0, 0] for i in range(num_demos)) / (eta * D)
+    W1 = W0 - eta * W.applyfunc(lambda entry: sp.diff(loss, entry))
+    attention = G1.T * scores / D
+    return (W1 * phi_q - attention).applyfunc(sp.simplify)
+
+
+def negative_sample_dual(beta=sp.Symbol("beta"), neighbours=((1,), (2,), (0, 1)), score_neighbours=None):
+    """Eq. (15): labels W_V x~_i with x~_i = x_i - beta / |N(i)| sum_{j in N(i)} x_j give the same
+    output as attention with effective weights a'_j = a_j - beta sum_{i: j in N(i)} a_i / |N(i)|
+    (scalar values v_j and scores a_j as symbols; 0-based neighbour lists). Returns the residual;
+    ``score_neighbours`` other than ``neighbours`` in the score form must leave one."""
+    score_neighbours = neighbours if score_neighbours is None else score_neighbours
+    count = len(neighbours)
+    a = sp.symbols(f"a1:{count + 1}", positive=True)
+    v = sp.symbols(f"v1:{count + 1}")
+    D = sp.Symbol("D", positive=True)
+    tilde = [v[i] - beta * sum(v[j] for j in neighbours[i]) / len(neighbours[i]) for i in range(count)]
+    dual_side = sum(tilde[i] * a[i] for i in range(count)) / D        # Delta W phi(q), W_0 part apart
+    effective = [a[j] - beta * sum(a[i] / len(score_neighbours[i]) for i in range(count) if j in score_neighbours[i])
+                 for j in range(count)]
+    score_form = sum(effective[j] * v[j] for j in range(count)) / D
+    return sp.simplify(dual_side - score_form)
+
+
+def regularized_self_attention(n=3, value_dim=1, num_features=2, form="proportional"):
+    """App. D, the regularized self-attention form. Token j is its own query; its dual model starts
+    from W_0 = v_j phi(k_j)^T / D_j, and one gradient step on the regularized loss (Eq. (11))
+    -1/(eta D_j) sum_{i != j} v_i^T W phi(k_i) + alpha / (2 eta) |W|_F^2, differentiated by sympy,
+    predicts column j of V (A - alpha (A o I)), with A_ij = phi(k_i)^T phi(q_j) / D_j. Returns the
+    residual matrix (value_dim x n); generic symbols for every feature value. ``form="constant"``
+    compares with V (A - alpha I) instead, the other reading, which the loss does not give."""
+    alpha, eta = sp.symbols("alpha eta", positive=True)
+    phi_K = symbol_matrix("phi", n, num_features, positive=True)     # row i: phi(k_i)
+    phi_Q = symbol_matrix("psi", n, num_features, positive=True)     # row j: phi(q_j)
+    V = symbol_matrix("v", value_dim, n)
+    W = symbol_matrix("W", value_dim, num_features)
+    columns, A = [], sp.zeros(n, n)
+    for j in range(n):
+        scores = phi_K * phi_Q[j, :].T
+        D_j = sum(scores)
+        A[:, j] = scores / D_j
+        W0 = V[:, j] * phi_K[j, :] / D_j
+        loss = (-sum((V[:, i].T * W * phi_K[i, :].T)[0, 0] for i in range(n) if i != j) / (eta * D_j)
+                + alpha / (2 * eta) * sum(entry**2 for entry in W))
+        gradient = W.applyfunc(lambda entry: sp.diff(loss, entry)).subs(dict(zip(W, W0)))
+        columns.append((W0 - eta * gradient) * phi_Q[j, :].T)
+    H = sp.Matrix.hstack(*columns)
+    reduction = A.multiply_elementwise(sp.eye(n)) if form == "proportional" else sp.eye(n)
+    return (H - V * (A - alpha * reduction)).applyfunc(sp.simplify)

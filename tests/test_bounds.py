@@ -102,3 +102,34 @@ def test_rademacher_estimate_is_below_the_trace_bound():
     estimate = bounds.rademacher_monte_carlo(phi, 1.0, 5, draws=4000, generator=generator(2))
     assert estimate <= math.sqrt(5 * float((phi**2).sum())) / 30
     assert estimate > 0.8 * math.sqrt(5 * float((phi**2).sum())) / 30
+
+
+def test_lipschitz_constants_are_attained_and_a_wrong_one_is_caught():
+    for K in (None, 1, 4):
+        ratio = bounds.lipschitz_search(1.0, 6, negatives=K, samples=2000, generator=generator(5))
+        assert 0.99 <= ratio <= 1 + 1e-9
+        assert not 0.95 <= ratio / 2 <= 1 + 1e-9      # against a constant twice too large: flagged
+        assert not ratio * 2 <= 1 + 1e-9              # against one half too small: flagged
+
+
+def test_hoeffding_constant_is_tight_within_a_factor_two():
+    for N in (10, 100, 1000):
+        t = bounds.hoeffding_deviation(N, 0.05, 2.0)
+        assert bounds.hoeffding_tail(N, t, 2.0) <= 0.05 < bounds.hoeffding_tail(N, t / 2, 2.0)
+    # the paper's constant 3 without rho is not valid once the loss range 2 rho^2 exceeds 3
+    N, rho = 200, 3.0
+    paper = 3 * math.sqrt(math.log(1 / 0.05) / (2 * N))
+    assert bounds.hoeffding_tail(N, paper, rho) > 0.05
+
+
+def test_erm_solution_is_the_normalised_dual_update():
+    from icl_lens import dual
+
+    x, W_K, W_V, _, phi_map = small_problem(N=20)
+    other, *_ = small_problem(N=20, seed=9)
+    erm = bounds.erm_weight(bounds.features(x, W_K, phi_map), x @ W_V.T, 0.7)
+    model = dual.dual_model(x, x[:1], W_K, W_K, W_V, phi_map, scale=1.0, lr=0.3)
+    update = model.step() - model.W0
+    assert torch.allclose(0.7 * update / torch.linalg.matrix_norm(update), erm, rtol=0, atol=1e-12)
+    wrong = bounds.erm_weight(bounds.features(other, W_K, phi_map), other @ W_V.T, 0.7)
+    assert float((wrong - erm).abs().max()) > 1e-3

@@ -1,5 +1,6 @@
-"""`reproduce all --quick` end to end: every figure written, numbers finite, every grid value trained,
-the same bytes from the same seed, and the command line."""
+"""`reproduce all --quick` end to end: every figure written, numbers finite, every grid value trained
+with its learning-rate control, baselines on every seed, the same bytes from the same seed, and the
+command line."""
 
 import json
 import subprocess
@@ -7,8 +8,8 @@ import sys
 
 import pytest
 
-from icl_lens import experiments
-from icl_lens.reproduce import FIGURES, experiment_config, reproduce
+from icl_lens import claims, experiments
+from icl_lens.reproduce import FIGURES, OUTPUTS, experiment_config, reproduce
 from icl_lens.results import save_result
 
 from conftest import ROOT
@@ -27,8 +28,12 @@ def test_every_figure_is_written(quick_all):
     assert set(FIGURES) <= set(written)
     for name in FIGURES:
         paths = written[name]
-        assert paths["png"].stat().st_size > 10_000, name      # a real plot, not an empty canvas
         json.loads(paths["json"].read_text())
+        if name != "claims":
+            assert paths["png"].stat().st_size > 10_000, name      # a real plot, not an empty canvas
+    assert {f"{name}.json" for name in OUTPUTS} <= {p.name for p in out.iterdir()}
+    verdicts = json.loads((out / "claims.json").read_text())["claims"]
+    assert len(verdicts) >= 12 and {v["verdict"] for v in verdicts} <= set(claims.VERDICTS)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -36,12 +41,24 @@ def test_every_grid_value_trains_and_the_normal_model_learns(quick_all, kind):
     out, _ = quick_all
     record = json.loads((out / f"task_{kind}.json").read_text())
     config = experiment_config(kind, quick=True)
-    expected = {(m.name, seed) for seed in config.seeds for _, m in config.variants()}
+    expected = {(v.name, seed) for seed in config.seeds for v in config.variants()}
     assert {(m["name"], m["seed"]) for m in record["models"]} == expected
+    rates = {m["lr"] for m in record["models"]}
     for model in record["models"]:
         assert len(model["train_loss"]) == config.epochs
+        assert len(model["test_curve"]) == len(record["checkpoint_epochs"])
         if model["group"] == "normal":
             assert all(x is not None and x >= 0 for x in model["train_loss"]), model
+        # every variant has a normal model of its seed and learning rate to be compared with
+        assert claims.partner(record, model)["lr"] == model["lr"] or model["group"] == "normal"
+    assert {m["lr"] for m in record["models"] if m["group"] == "normal"} == rates
+    for seed in config.seeds:
+        found = record["baselines"][str(seed)]
+        assert found["label_variance"] > 0 and found["context_mean"] > 0
+        if kind == "linear":         # noiseless s = W t with N = 15 > d_t: least squares is exact
+            assert found["least_squares"] < 1e-20 * found["label_variance"]
+        if kind == "exponential":    # log s = W t: least squares on the log labels is exact
+            assert found["log_least_squares"] < 1e-16 * found["label_variance"]
     if kind == "linear":   # 2048 steps are enough to see the linear task being learnt, on every seed
         for losses in (m["train_loss"] for m in record["models"] if m["group"] == "normal"):
             assert losses[-1] < 0.5 * losses[0], losses
@@ -54,19 +71,39 @@ def test_figures_hold_every_curve_they_plot(quick_all):
     fig3 = json.loads((out / "fig3.json").read_text())
     groups = {m["group"] for m in fig3["models"]}
     assert groups == {"normal", "regularized", "augmented", "negative"}
+    assert set(fig3["baselines"]) == {"0", "1"}
     fig13 = json.loads((out / "fig13.json").read_text())
     assert set(fig13) == set(KINDS)
     for kind in KINDS:
         names = {m["name"] for m in fig13[kind]["models"] if m["group"] == "combination"}
-        assert names == {m.name for m in experiments.ExperimentConfig().combinations}
+        assert names == {m.name for m in experiments.EXPERIMENTS[kind]().combinations}
+    paired = json.loads((out / "paired.json").read_text())
+    for kind in KINDS:   # one paired row per model name but the paper's normal model
+        assert len(paired[kind]) == len(experiments.EXPERIMENTS[kind]().variants()) - 1
+    study = json.loads((out / "fig6-8.json").read_text())
+    assert "trained layers (linear task)" in study
 
 
 def test_same_seed_gives_the_same_bytes(tmp_path):
-    config = experiments.ExperimentConfig(epochs=2, tokens_per_epoch=48 * 16, seeds=(4, 5), test_sequences=4)
+    config = experiments.ExperimentConfig(epochs=2, tokens_per_epoch=48 * 16, seeds=(4, 5), test_sequences=4,
+                                          checkpoints=2)
     for name in ("a", "b"):
         save_result(tmp_path, name, experiments.run_experiment(config, progress=False))
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
     assert json.loads((tmp_path / "a.json").read_text())["config"]["seeds"] == [4, 5]
+
+
+def test_worker_processes_train_the_same_models():
+    """Seeds split into parts over two processes give, in float64, the models of one ensemble."""
+    config = experiments.ExperimentConfig(epochs=1, tokens_per_epoch=24 * 16, seeds=(0, 1), test_sequences=4,
+                                          checkpoints=1, dtype="float64")
+    together = experiments.run_experiment(config, progress=False)
+    split = experiments.run_experiment(config, progress=False, workers=2)
+    assert [(m["name"], m["seed"]) for m in together["models"]] == [(m["name"], m["seed"]) for m in split["models"]]
+    for a, b in zip(together["models"], split["models"]):
+        assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-9, abs=1e-12), a["name"]
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-9, abs=1e-12), a["name"]
+    assert split["equivalence"].keys() == together["equivalence"].keys()
 
 
 def test_command_line(tmp_path):
@@ -77,6 +114,11 @@ def test_command_line(tmp_path):
     wrong = subprocess.run([sys.executable, "-m", "icl_lens", "reproduce", "fig99"], capture_output=True, text=True,
                            cwd=ROOT, timeout=300)
     assert wrong.returncode == 2 and "fig99" in wrong.stderr
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    unwritable = subprocess.run([sys.executable, "-m", "icl_lens", "reproduce", "fig9", "--quick", "--out",
+                                 str(blocked / "sub")], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert unwritable.returncode == 2 and "--out" in unwritable.stderr and "Traceback" not in unwritable.stderr
 
 
 def test_bad_configs_name_the_argument():
@@ -84,5 +126,9 @@ def test_bad_configs_name_the_argument():
         experiments.ExperimentConfig(epochs=0)
     with pytest.raises(ValueError, match="tokens_per_epoch"):
         experiments.ExperimentConfig(tokens_per_epoch=8)
+    with pytest.raises(ValueError, match="checkpoints"):
+        experiments.ExperimentConfig(checkpoints=0)
     with pytest.raises(ValueError, match="unknown figure"):
         reproduce(["fig2"], out=".", quick=True, log=None)
+    with pytest.raises(ValueError, match="workers"):
+        experiments.run_experiment(experiments.ExperimentConfig(), workers=0)

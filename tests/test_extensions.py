@@ -156,3 +156,32 @@ def test_dual_optimum_is_on_the_ball_and_maximises():
 def test_rank_bound_quick():
     result = rank_bound(RankConfig(hidden_sizes=(2, 64), num_prompts=32, repeats=2, num_features=64))
     assert result["mean_bound"][0] <= 2 and result["mean_bound"][1] == 12.0
+
+
+def test_symbolic_checks_of_the_remaining_identities_and_their_failures():
+    """Eqs. (3)-(4), (14), (15), (25) and the regularized self-attention form hold exactly, and
+    each check fails on a wrong input."""
+    from icl_lens import symbolic
+
+    linear = symbolic.linear_attention_dual()
+    assert symbolic.is_zero_matrix(linear["step_residual"]) and symbolic.is_zero_matrix(linear["prediction_residual"])
+    assert not symbolic.is_zero_matrix(symbolic.linear_attention_dual(signal_sign=1)["prediction_residual"])
+    assert all(symbolic.is_zero_matrix(r) for r in symbolic.stacked_demo_outputs())
+    assert not all(symbolic.is_zero_matrix(r) for r in symbolic.stacked_demo_outputs(rescale=False))
+    assert symbolic.is_zero_matrix(symbolic.augmented_dual())
+    assert not symbolic.is_zero_matrix(symbolic.augmented_dual(augment_query_side=False))
+    assert symbolic.negative_sample_dual() == 0
+    assert symbolic.negative_sample_dual(score_neighbours=((2,), (2,), (0, 1))) != 0
+    assert symbolic.is_zero_matrix(symbolic.regularized_self_attention())
+    assert not symbolic.is_zero_matrix(symbolic.regularized_self_attention(form="constant"))
+
+
+def test_rank_growth_check_and_token_spread_can_fail():
+    from icl_lens import dual, ffn_rank
+
+    assert ffn_rank.grows_within_noise([2.0, 5.0, 9.0, 12.0], [0.5] * 4, repeats=5)
+    assert ffn_rank.grows_within_noise([2.0, 5.0, 4.8, 12.0], [0.5] * 4, repeats=5)        # within noise
+    assert not ffn_rank.grows_within_noise([2.0, 7.7, 6.4, 12.0], [0.5] * 4, repeats=5)    # a real drop
+    distinct = torch.eye(5, dtype=torch.float64)
+    collapsed = torch.ones(5, 5, dtype=torch.float64) + 1e-12 * distinct
+    assert dual.token_spread(distinct) > 0.5 and dual.token_spread(collapsed) < 1e-9

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from icl_lens import experiments, kernels
 from icl_lens import modifications as m
-from icl_lens.attention import kernel_attention, softmax_attention
+from icl_lens.attention import kernel_attention, kernel_attention_weights, softmax_attention
 from icl_lens.device import generator
 from icl_lens.layers import AttentionEnsemble, LayerConfig, Modification
 
@@ -54,14 +54,14 @@ def test_plain_layer_is_attention(device, kernel):
 
 def test_every_switch_equals_its_dual_form():
     modifications = [
-        Modification(alpha=0.3),
+        Modification(alpha=0.3, renormalise=False),
         Modification(value_map="gelu", key_map="mlp-elu"),
         Modification(value_map="mlp-gelu", key_map="gelu"),
         Modification(negative_k=3, beta=0.2),
-        Modification(alpha=-0.4, negative_k=2, beta=0.5),
+        Modification(alpha=-0.4, negative_k=2, beta=0.5, renormalise=False),
         Modification(ridge=0.5),
     ]
-    ensemble = ensemble_of(modifications, renormalise=False)
+    ensemble = ensemble_of(modifications)
     X, batch = tokens_for(ensemble)
     out = ensemble(batch)[:, 0]
     W_Q, W_K, W_V = weights_of(ensemble, 0)
@@ -88,19 +88,33 @@ def test_every_switch_equals_its_dual_form():
     assert close(out[5], m.ridge_attention(everything, 0.5))      # Eq. (33)
 
 
-@pytest.mark.parametrize("form", ["proportional", "constant"])
-def test_renormalised_regularized_forms(form):
-    alpha = 0.4
-    ensemble = ensemble_of([Modification(), Modification(alpha=alpha)], regularized_form=form)
+def test_both_regularized_forms_in_one_ensemble():
+    """Each model reads its own form: proportional or constant, renormalised or not, alpha = 16 too."""
+    readings = [(0.4, "proportional", True), (0.4, "constant", True), (16.0, "constant", True),
+                (16.0, "proportional", False), (16.0, "constant", False), (-0.5, "proportional", True)]
+    modifications = [Modification(alpha=a, alpha_form=f, renormalise=r) for a, f, r in readings]
+    ensemble = ensemble_of([Modification(), *modifications])
     X, batch = tokens_for(ensemble)
     W_Q, W_K, _ = weights_of(ensemble, 0)
     phi = kernels.PositiveRandomFeatures(ensemble.omega[0])
-    from icl_lens.attention import kernel_attention_weights
+    out = ensemble(batch)[:, 0]
+    v = X @ ensemble.W_V[0].detach().T
+    for model, (alpha, form, renormalise) in enumerate(readings, start=1):
+        a = kernel_attention_weights(X[-1:], X, W_Q, W_K, feature_map=phi)[0]
+        a[-1] = a[-1] * (1 - alpha) if form == "proportional" else a[-1] - alpha
+        expected = (a / a.sum() if renormalise else a) @ v
+        assert close(out[model], expected), (alpha, form, renormalise)
+    wrong = kernel_attention_weights(X[-1:], X, W_Q, W_K, feature_map=phi)[0]
+    wrong[-1] = wrong[-1] - 0.4   # the constant form applied to the proportional model must not match
+    assert not close(out[1], (wrong / wrong.sum()) @ v)
 
-    a = kernel_attention_weights(X[-1:], X, W_Q, W_K, feature_map=phi)[0]
-    a[-1] = a[-1] * (1 - alpha) if form == "proportional" else a[-1] - alpha
-    v = X @ ensemble.W_V[1].detach().T
-    assert close(ensemble(batch)[1, 0], (a / a.sum()) @ v)
+
+@pytest.mark.parametrize("alpha, form", [(1.0, "proportional"), (16.0, "proportional"), (1.0, "constant")])
+def test_renormalised_alpha_that_can_divide_by_zero_is_rejected(alpha, form):
+    with pytest.raises(ValueError, match="alpha"):
+        Modification(alpha=alpha, alpha_form=form)
+    with pytest.raises(ValueError, match="alpha_form"):
+        Modification(alpha=0.1, alpha_form="other")
 
 
 def test_batched_training_is_independent_sgd():

@@ -91,9 +91,15 @@ def test_lemma_d_1_on_a_singular_attention_matrix():
     assert float(torch.linalg.svdvals(A).min()) < 1e-12
     delta = m.safe_radius(A)
     assert 0 < delta < math.inf
+    # Bauer-Fike: sigma_min(A + alpha I) >= distance to the nearest bad alpha / cond(V); on the grid
+    # that is well above round-off, which a singular matrix would sit at
+    _, vectors = torch.linalg.eig(A)
+    condition = float(torch.linalg.cond(vectors))
     for alpha in torch.linspace(1e-6, 0.999 * delta, 200, dtype=torch.float64):
         for sign in (1, -1):
-            assert float(torch.linalg.svdvals(A + sign * alpha * torch.eye(6, dtype=torch.float64)).min()) > 0
+            sigma = float(torch.linalg.svdvals(A + sign * alpha * torch.eye(6, dtype=torch.float64)).min())
+            distance = float((sign * alpha - m.bad_alphas(A)).abs().min())
+            assert sigma >= distance / condition * (1 - 1e-9) and distance / condition > 1e-9
     # at a bad alpha the matrix is singular
     bad = m.bad_alphas(A)
     real_bad = bad[bad.imag.abs() < 1e-12].real

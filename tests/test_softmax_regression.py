@@ -94,6 +94,8 @@ RADII = [0.5, 2.0, 4.5]
     ("alpha_inverse_x", ce.alpha_inverse_x, ce.sample_x_setting, ("x", "y")),
     ("shift_x", ce.shift_x, ce.sample_x_setting, ("x", "y")),
     ("exp_A", ce.exp_A, ce.sample_A_setting, ("A", "B")),
+    ("alpha_A", ce.alpha_A, ce.sample_A_setting, ("A", "B")),
+    ("alpha_inverse_A", ce.alpha_inverse_A, ce.sample_A_setting, ("A", "B")),
     ("shift_A", ce.shift_A, ce.sample_A_setting, ("A", "B")),
 ])
 def test_no_counterexample_and_shrunk_bound_is_caught(name, inequality, sampler, free):
@@ -129,3 +131,48 @@ def test_weight_shift_experiment():
     assert history["loss_x"][-1] < history["loss_x"][0] and history["loss_A"][-1] < history["loss_A"][0]
     with pytest.raises(ValueError, match="steps"):
         sr.weight_shift_experiment(A, x, b, lr_x=1.0, lr_A=1.0, steps=0)
+
+
+@pytest.mark.parametrize("form, side", [(sr.tight_basic_fact, "x"), (sr.tight_exp, "x"), (sr.tight_alpha, "x"),
+                                        (sr.tight_alpha_inverse, "x"), (sr.tight_softmax, "x"),
+                                        (sr.tight_exp, "A"), (sr.tight_alpha, "A"), (sr.tight_softmax, "A")])
+def test_best_constants_are_attained_and_fail_when_halved(form, side):
+    sampler = ce.sample_x_setting if side == "x" else ce.sample_A_setting
+    free = ("x", "y") if side == "x" else ("A", "B")
+    options = dict(sizes=SIZES, radii=RADII, batch=100, generator=generator(4), free=free, steps=40)
+    attained = ce.search(ce.tight(form, side), sampler, **options)
+    assert 0.5 <= attained.max_ratio <= 1 + 1e-9
+    assert ce.search(ce.tight(form, side), sampler, rhs_scale=0.5, **options).max_ratio > 1.0
+
+
+def test_differences_are_free_of_cancellation():
+    """y within 1e-13 of x: the naive exp(Ax) - exp(Ay) is round-off, the expm1 form is exact, and
+    the lemma ratio stays under its analytic ceiling 1/(2 sqrt(n))."""
+    g = generator(9)
+    A = torch.randn(4, 3, generator=g, dtype=torch.float64)
+    A = A * 2.0 / sr.spectral_norm(A)
+    x = torch.randn(3, generator=g, dtype=torch.float64)
+    x = x * 2.0 / x.norm()
+    y = x * (1 - 1e-13)
+    exact = torch.exp(A @ x) * (A @ (x - y))          # first order, relative error ~1e-13
+    stable = sr.exp_difference(A @ x, A @ (y - x))
+    naive = torch.exp(A @ x) - torch.exp(A @ y)
+    assert float((stable - exact).norm() / exact.norm()) < 1e-10
+    assert float((naive - exact).norm() / exact.norm()) > 1e-6     # what the old form measured
+    lhs, rhs = sr.lipschitz_exp_x(A, x, y, 2.0)
+    assert float(lhs / rhs) <= 0.5 / 4**0.5
+    far = x * (1 - 1e-3)          # a step where the naive difference is accurate
+    assert float((sr.shift_from_x(A, x, far) - (sr.f(A, x) - sr.f(A, far))).abs().max()) < 1e-15
+
+
+def test_regression_definitions_gradients():
+    g = generator(3)
+    A = torch.randn(6, 3, generator=g, dtype=torch.float64)
+    x = torch.randn(3, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(6, generator=g, dtype=torch.float64)
+    for loss, gradient in ((sr.linear_regression_loss, sr.linear_regression_grad),
+                           (sr.exponential_regression_loss, sr.exponential_regression_grad)):
+        (autograd,) = torch.autograd.grad(loss(A, x, b), x)
+        assert torch.allclose(gradient(A, x.detach(), b), autograd, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="b has length"):
+        sr.linear_regression_loss(A, x.detach(), b[:3])

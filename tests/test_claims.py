@@ -1,0 +1,131 @@
+"""Verdicts follow from the numbers: the bootstrap interval, the rules on records built by hand
+(each rule shown giving each verdict, so none can pass by accident), the stability check, the
+convergence criterion, and the saved full run's claims.json recomputed from its task records."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from icl_lens import claims, experiments
+from icl_lens.layers import Modification
+from icl_lens.reproduce import OUTPUTS
+
+from conftest import ROOT
+
+SAVED = ROOT / "book" / "data" / "experiments"
+EPOCHS = 8
+CHECKPOINTS = [2, 4, 6, 8]
+
+
+def model(name, group, seed, curve, lr=0.005, **switches):
+    return {"name": name, "group": group, "seed": seed, "lr": lr, "modification": {
+        **{"alpha": 0.0, "value_map": "none", "key_map": "none", "negative_k": 0, "beta": 0.0, "ridge": 0.0,
+           "alpha_form": "proportional", "renormalise": True}, **switches},
+        "test_curve": curve, "test_loss": curve[-1], "train_loss": [1.0] * EPOCHS}
+
+
+def record(normal, variant, *, variant_name="g2=gelu", group="augmented", switches=None, variance=2.0):
+    """A task record with one normal and one modified model per seed; ``normal`` and ``variant``
+    map a seed to its normalised test curve at CHECKPOINTS (multiplied by ``variance`` here)."""
+    switches = switches or {"key_map": "gelu"}
+    models = []
+    for seed in normal:
+        models.append(model("normal", "normal", seed, [x * variance for x in normal[seed]]))
+        models.append(model(variant_name, group, seed, [None if x is None else x * variance for x in variant[seed]],
+                            **switches))
+    return {"epochs": list(range(1, EPOCHS + 1)), "checkpoint_epochs": CHECKPOINTS, "models": models,
+            "baselines": {str(s): {"label_variance": variance} for s in normal}}
+
+
+SEEDS = range(5)
+FLAT = {s: [0.5, 0.5, 0.5, 0.5] for s in SEEDS}
+
+
+def test_bootstrap_interval_of_five_medians_spans_min_to_max():
+    values = [0.3, -0.2, 0.1, 0.05, -0.4]
+    assert claims.bootstrap_median_interval(values) == (-0.4, 0.3)
+    low, high = claims.bootstrap_median_interval([1.0] * 9 + [50.0])
+    assert low == high == 1.0        # one outlier does not move the median's interval
+
+
+@pytest.mark.parametrize("variant, verdict", [
+    ({s: [0.5, 0.4, 0.4, 0.3 - 0.01 * s] for s in SEEDS}, "agrees"),          # better on every seed
+    ({s: [0.5, 0.5, 0.5, 0.5 + 0.002 * (s - 2)] for s in SEEDS}, "disagrees"), # no effect
+    ({s: [0.5, 0.6, 0.6, 0.7] for s in SEEDS}, "disagrees"),                   # worse on every seed
+    ({s: [0.5, 0.4, 0.4, 0.3 if s < 3 else 0.8] for s in SEEDS}, "inconclusive"),
+])
+def test_helps_rule(variant, verdict):
+    claim = claims.Claim("x", "here", "linear", "g2 helps", "helps", claims.augmented("none", "gelu"))
+    result = claims.evaluate({"linear": record(FLAT, variant)}, claims=(claim,))[0]
+    assert result["verdict_at_end"] == verdict
+
+
+def test_hurts_and_unstable_rules():
+    worse = record(FLAT, {s: [0.5, 0.6, 0.6, 0.7] for s in SEEDS})
+    hurts = claims.Claim("x", "here", "linear", "g2 hurts", "hurts", claims.augmented("none", "gelu"))
+    assert claims.evaluate({"linear": worse}, claims=(hurts,))[0]["verdict"] == "agrees"
+    better = record(FLAT, {s: [0.5, 0.4, 0.4, 0.3] for s in SEEDS})
+    assert claims.evaluate({"linear": better}, claims=(hurts,))[0]["verdict"] == "disagrees"
+    unstable = claims.Claim("x", "here", "linear", "g2 unstable", "unstable", claims.augmented("none", "gelu"))
+    diverged = record(FLAT, {s: [0.5, 0.5, None, None] if s == 0 else [0.5] * 4 for s in SEEDS})
+    assert claims.evaluate({"linear": diverged}, claims=(unstable,))[0]["verdict"] == "agrees"
+    assert claims.paired(diverged, "g2=gelu")["diverged"] == 1
+    assert claims.evaluate({"linear": better}, claims=(unstable,))[0]["verdict"] == "disagrees"
+
+
+def test_a_verdict_that_changes_after_half_of_training_is_inconclusive():
+    # better in the second quarter, worse in the last: agrees at half, disagrees at the end
+    variant = {s: [0.5, 0.3, 0.7, 0.7] for s in SEEDS}
+    claim = claims.Claim("x", "here", "linear", "g2 helps", "helps", claims.augmented("none", "gelu"))
+    result = claims.evaluate({"linear": record(FLAT, variant)}, claims=(claim,))[0]
+    assert (result["verdict_at_half"], result["verdict_at_end"]) == ("agrees", "disagrees")
+    assert not result["stable"] and result["verdict"] == "inconclusive"
+
+
+def test_losses_are_normalised_by_the_seed_label_variance():
+    base = record(FLAT, {s: [0.5, 0.4, 0.4, 0.3] for s in SEEDS}, variance=1.0)
+    scaled = record(FLAT, {s: [0.5, 0.4, 0.4, 0.3] for s in SEEDS}, variance=300.0)
+    for a, b in ((claims.paired(base, "g2=gelu"), claims.paired(scaled, "g2=gelu")),):
+        assert a["median_difference"] == pytest.approx(b["median_difference"], abs=1e-12)
+        assert a["interval"] == pytest.approx(b["interval"], abs=1e-12)
+    assert claims.paired(base, "g2=gelu")["median_difference"] == pytest.approx(-0.2)   # checkpoint 8 alone
+
+
+def test_convergence_criterion_can_fail():
+    falling = record({s: [1.0, 0.8, 0.5, 0.2] for s in SEEDS}, FLAT)
+    assert not experiments.convergence(falling)["converged"]
+    assert experiments.convergence(record(FLAT, FLAT))["converged"]
+
+
+def test_every_claim_selects_variants_the_configs_train():
+    for claim in claims.CLAIMS:
+        config = experiments.EXPERIMENTS[claim.task]()
+        chosen = [v for v in config.variants()
+                  if v.group != "normal" and claim.select(v.group, vars(v.modification))]
+        assert chosen, claim.id
+    assert len(claims.CLAIMS) + 2 >= 12    # with the equivalence and random-feature claims
+
+
+def test_modification_fields_match_what_claims_read():
+    assert set(vars(Modification())) == set(model("n", "normal", 0, [1.0])["modification"])
+
+
+def test_saved_claims_follow_from_the_saved_records():
+    assert all((SAVED / f"{name}.json").exists() for name in OUTPUTS), "the saved full run is incomplete"
+    records = {kind: json.loads((SAVED / f"task_{kind}.json").read_text()) for kind in experiments.EXPERIMENTS}
+    saved = json.loads((SAVED / "claims.json").read_text())
+    recomputed = json.loads(json.dumps(claims.evaluate(records)))
+    by_id = {c["id"]: c for c in saved["claims"]}
+    for claim in recomputed:
+        assert by_id[claim["id"]]["verdict"] == claim["verdict"], claim["id"]
+        assert by_id[claim["id"]]["measurement"] == claim["measurement"], claim["id"]
+    for kind, record in records.items():   # the contract other tools read
+        assert {"config", "models", "baselines"} <= set(record)
+        assert len(record["config"]["seeds"]) >= 5
+        for m in record["models"]:
+            assert {"name", "group", "seed", "lr", "train_loss", "test_loss"} <= set(m)
+        for seed in record["config"]["seeds"]:
+            assert record["baselines"][str(seed)]["label_variance"] > 0
+            assert math.isfinite(record["baselines"][str(seed)]["least_squares"])
