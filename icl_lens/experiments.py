@@ -468,6 +468,33 @@ def convergence(record, tolerance=CONVERGENCE_TOLERANCE):
     }
 
 
+def truncated(record, epochs):
+    """The record as it stood after ``epochs`` epochs (checkpoints up to then), to apply
+    :func:`convergence` to the first part of a longer run."""
+    keep = [i for i, epoch in enumerate(record["checkpoint_epochs"]) if epoch <= epochs]
+    return dict(record, epochs=record["epochs"][:epochs],
+                checkpoint_epochs=[record["checkpoint_epochs"][i] for i in keep],
+                models=[dict(m, test_curve=[m["test_curve"][i] for i in keep]) for m in record["models"]])
+
+
+LONG_EPOCHS = {"linear": 80, "trigonometric": 800, "exponential": 500}
+
+
+def convergence_study(kind, *, epochs=None, device="cpu", workers=2, compile=True, progress=False):
+    """Only the normal model of each seed, trained ``epochs`` (default ``LONG_EPOCHS[kind]``) at
+    the paper's settings, with the convergence criterion applied after every tenth of the run:
+    does the verdict of the criterion, and the loss, keep changing past the epochs of the saved run?"""
+    config = EXPERIMENTS[kind]()
+    epochs = LONG_EPOCHS[kind] if epochs is None else epochs
+    long = replace(config, epochs=epochs, checkpoints=min(epochs, 80))
+    normal = [Variant("normal", Modification(), config.lr_normal)]
+    record = run_experiment(long, device=device, workers=workers, compile=compile, progress=progress,
+                            variants=normal)
+    marks = sorted({max(1, epochs * j // 10) for j in range(1, 11)} | {config.epochs})
+    return {"task": kind, "saved_run_epochs": config.epochs, "record": record,
+            "criterion": [dict(convergence(truncated(record, e)), epochs=e) for e in marks if e <= epochs]}
+
+
 def finite_or_none(value):
     """JSON has no nan: a diverged loss is written as null."""
     return value if math.isfinite(value) else None

@@ -327,3 +327,22 @@ def paired_figure(results, *, no_effect, title):
     figure.suptitle(title)
     figure.tight_layout()
     return figure
+
+
+def convergence_figure(studies):
+    """Per task, each seed's normal model: normalised test loss against the epochs of a long run,
+    the saved run's epoch count marked."""
+    figure, axes = plt.subplots(1, len(studies), figsize=(5.2 * len(studies), 3.8), squeeze=False)
+    for axis, (kind, study) in zip(axes[0], studies.items()):
+        record = study["record"]
+        curves = experiments.curves(record, "normal")["normal"]
+        for seed, losses in zip(record["config"]["seeds"], curves):
+            axis.plot(record["checkpoint_epochs"], losses.clamp(min=FLOOR), label=f"seed {seed}")
+        axis.axvline(study["saved_run_epochs"], color="black", linestyle=":", label="saved run ends")
+        axis.axhline(1.0, color="grey", linewidth=1.0)
+        axis.set(yscale="log", xlabel="epoch (16384 tokens)", ylabel="test MSE / label variance",
+                 title=f"{kind}: normal model, long run")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    return figure

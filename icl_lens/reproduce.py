@@ -13,6 +13,11 @@ Figures and what they need:
     paired  every variant against the normal model of its seed and learning rate, per task
     claims  a verdict for every empirical claim of Section 5 / Appendix E (claims.json, no figure)
 
+Not part of ``all`` (about 6 minutes more on 2 CPU cores):
+
+    convergence  the normal models of the trigonometric and exponential tasks trained 800 / 500
+                 epochs, and the convergence criterion after every tenth of that
+
 Each figure is written as ``<name>.png`` beside ``<name>.json`` (the numbers it plots); each task's
 full training record goes to ``task_<kind>.json``. A task is trained once per call, however many
 figures use it. No timings go into the JSON files, so one seed and setting give the same bytes.
@@ -36,6 +41,7 @@ TASK_OF_FIGURE = {"fig3": ("linear",), "fig10": ("linear",), "fig11": ("trigonom
 APPROXIMATION_FIGURES = ("fig6", "fig7", "fig8")
 FIGURES = ("fig3", "fig6", "fig7", "fig8", "fig9", "fig10", "fig11", "fig12", "fig13", "fig14", "paired", "claims")
 PANELS = ("regularized", "augmented", "negative")
+EXTRA = ("convergence",)   # named on the command line only, never by "all"
 # what ``reproduce all`` writes (JSON names), which the experiments chapter reads
 OUTPUTS = ("fig3", "fig6-8", "fig9", "fig10", "fig11", "fig12", "fig13", "fig14", "paired", "claims",
            *(f"task_{kind}" for kind in ALL_TASKS))
@@ -85,8 +91,8 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
     ``reuse=True`` draws from the ``task_*.json`` records already in ``out`` instead of training
     again (to restyle figures or recompute verdicts).
     """
-    names = list(FIGURES) if "all" in names else list(dict.fromkeys(names))
-    unknown = [n for n in names if n not in FIGURES]
+    names = list(FIGURES) + [n for n in names if n in EXTRA] if "all" in names else list(dict.fromkeys(names))
+    unknown = [n for n in names if n not in FIGURES and n not in EXTRA]
     if unknown:
         raise ValueError(f"unknown figure(s) {unknown}; choose from {list(FIGURES)} or 'all'")
     out = check_output_folder(out)
@@ -156,6 +162,12 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
             written.setdefault(name, {"json": Path(out) / "fig14.json"})
         elif name == "fig9":
             written[name] = save_result(out, name, *heatmaps(tasks["linear"], device))
+        elif name == "convergence":
+            studies = {kind: experiments.convergence_study(
+                kind, epochs=None if not quick else 8, device=device, workers=workers,
+                compile=compile, progress=log is not None) for kind in ("trigonometric", "exponential")}
+            figure = plots.convergence_figure(studies)
+            written[name] = save_result(out, name, studies, figure)
     return written
 
 

@@ -129,3 +129,13 @@ def test_saved_claims_follow_from_the_saved_records():
         for seed in record["config"]["seeds"]:
             assert record["baselines"][str(seed)]["label_variance"] > 0
             assert math.isfinite(record["baselines"][str(seed)]["least_squares"])
+
+
+def test_truncated_record_sees_only_its_epochs():
+    falling = record({s: [1.0, 0.8, 0.5, 0.2] for s in SEEDS}, FLAT)
+    half = experiments.truncated(falling, 4)
+    assert half["checkpoint_epochs"] == [2, 4] and len(half["epochs"]) == 4
+    assert all(len(m["test_curve"]) == 2 for m in half["models"])
+    # over its own last half (epochs 2 -> 4) the loss still fell by 0.2: not converged either
+    assert not experiments.convergence(half)["converged"]
+    assert experiments.convergence(experiments.truncated(record(FLAT, FLAT), 4))["converged"]

@@ -132,3 +132,13 @@ def test_bad_configs_name_the_argument():
         reproduce(["fig2"], out=".", quick=True, log=None)
     with pytest.raises(ValueError, match="workers"):
         experiments.run_experiment(experiments.ExperimentConfig(), workers=0)
+
+
+def test_convergence_study_is_separate_from_all(tmp_path):
+    written = reproduce(["convergence"], out=tmp_path, quick=True, log=None)
+    studies = json.loads(written["convergence"]["json"].read_text())
+    assert set(studies) == {"trigonometric", "exponential"}
+    for study in studies.values():
+        assert study["criterion"][-1]["epochs"] == len(study["record"]["epochs"]) == 8
+        assert {m["group"] for m in study["record"]["models"]} == {"normal"}
+    assert "convergence" not in FIGURES
