@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from icl_lens.approximation import log_log_slope
 from icl_lens.device import generator as make_generator
 from icl_lens.experiments import finite_or_none, normalised_loss
 
@@ -303,13 +304,6 @@ def rank_claim(rank):
             "rule": "saturates", "measurement": {"hidden_sizes": rank["hidden_sizes"], "mean_bound": rank["mean_bound"],
                                                  "first_saturated": min(saturated) if saturated else None},
             "stable": True, "verdict": "agrees" if wide and min(wide) >= d - 0.5 else "disagrees"}
-
-
-def log_log_slope(xs, ys):
-    x = torch.log(torch.tensor(xs, dtype=torch.float64))
-    y = torch.log(torch.tensor(ys, dtype=torch.float64))
-    x = x - x.mean()
-    return float((x * (y - y.mean())).sum() / (x * x).sum())
 
 
 def variant_rows(record, until=1.0):

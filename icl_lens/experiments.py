@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from icl_lens import baselines
+from icl_lens.approximation import AttentionLayer
 from icl_lens.attention import kernel_attention
 from icl_lens.device import generator as make_generator
 from icl_lens.device import pick
@@ -301,7 +302,7 @@ def equivalence_curve(ensemble, model, data, seed):
     """
     weights = {name: getattr(ensemble, name)[model].detach().to(torch.float64).cpu() for name in ("W_Q", "W_K", "W_V")}
     feature_map = PositiveRandomFeatures(ensemble.omega[model].to(torch.float64).cpu())
-    tokens, _ = sample_sequences(data.task, 1, data.weights[seed], generator=make_generator(1_000_000 + seed))
+    tokens, _ = sample_sequences(data.task, 1, data.weights[seed], generator=make_generator(EQUIVALENCE_SET + seed))
     X = tokens[0]
     dual = dual_model(X[:-1], X[-1:], weights["W_Q"], weights["W_K"], weights["W_V"], feature_map)
     attention = kernel_attention(X[-1:], X, weights["W_Q"], weights["W_K"], weights["W_V"], feature_map=feature_map)[0]
@@ -558,8 +559,6 @@ def describe_config(config):
 def trained_layers(record, num_tokens=16):
     """One :class:`icl_lens.approximation.AttentionLayer` per seed: the trained normal model's
     weights (float64) on the first ``num_tokens`` tokens of the seed's first test sequence."""
-    from icl_lens.approximation import AttentionLayer   # approximation imports nothing from here
-
     config = record["config"]
     task = RegressionTask(**config["task"])
     weights = task_data(task, [int(s) for s in record["trained_normal"]]).weights

@@ -10,12 +10,15 @@ import math
 from dataclasses import dataclass
 
 import torch
+from tqdm.auto import tqdm
 
 from icl_lens import tasks
 from icl_lens.attention import kernel_attention
 from icl_lens.device import generator as make_generator
 from icl_lens.device import pick
+from icl_lens.experiments import task_data, test_sets
 from icl_lens.kernels import PositiveRandomFeatures, draw_omega
+from icl_lens.layers import AttentionEnsemble, LayerConfig, Modification
 from icl_lens.validation import check_positive_int
 
 
@@ -140,11 +143,6 @@ def trained_rank_bound(config, *, progress=False):
 
     Returns per d_h the mean and std over seeds of min(d, #active ReLUs) at the query, and each
     model's training loss per epoch and final test loss (predicting the query's label)."""
-    from tqdm.auto import tqdm
-
-    from icl_lens.experiments import task_data, test_sets
-    from icl_lens.layers import AttentionEnsemble, LayerConfig, Modification
-
     task = tasks.RegressionTask.linear()
     d = task.token_dim
     models = [(hidden, seed) for hidden in config.hidden_sizes for seed in config.seeds]

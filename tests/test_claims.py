@@ -6,7 +6,6 @@ import json
 import math
 
 import pytest
-import torch
 
 from icl_lens import claims, experiments
 from icl_lens.layers import Modification
