@@ -4,7 +4,7 @@ import argparse
 import sys
 import time
 
-from icl_lens.reproduce import EXTRA, FIGURES, reproduce
+from icl_lens.reproduce import EXTRA, FIGURES, STUDIES, reproduce
 from icl_lens.results import results_dir
 
 
@@ -12,9 +12,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m icl_lens", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     command = commands.add_parser("reproduce", help="regenerate figures of the paper")
-    command.add_argument("figures", nargs="+", choices=[*FIGURES, *EXTRA, "all"], metavar="FIGURE",
-                         help=f"one or more of {', '.join(FIGURES + EXTRA)}, or all (all but "
-                              f"{', '.join(EXTRA)})")
+    command.add_argument("figures", nargs="+", choices=[*FIGURES, *EXTRA, *STUDIES, "all"], metavar="FIGURE",
+                         help=f"one or more of {', '.join(FIGURES + EXTRA + STUDIES)}, or all (all but "
+                              f"{', '.join(EXTRA + STUDIES)})")
     command.add_argument("--quick", action="store_true", help="small sizes (tests, CI)")
     command.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
     command.add_argument("--seeds", type=int, nargs="+", help="seeds of the training runs (default 0 1 2 3 4)")

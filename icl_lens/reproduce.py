@@ -18,6 +18,13 @@ Not part of ``all`` (about 6 minutes more on 2 CPU cores):
     convergence  the normal models of the trigonometric and exponential tasks trained 800 / 500
                  epochs, and the convergence criterion after every tenth of that
 
+Studies of their own chapters (not part of ``all``):
+
+    multitask    one attention layer trained across tasks (a new w per prompt) against zero,
+                 averaging, one GD step at the best learning rate and least squares
+    softmax-regression   Li et al.'s experiment rebuilt: a trained softmax self-attention layer
+                 against softmax regression after one GD step (closeness.json)
+
 Each figure is written as ``<name>.png`` beside ``<name>.json`` (the numbers it plots); each task's
 full training record goes to ``task_<kind>.json``. A task is trained once per call, however many
 figures use it. No timings go into the JSON files, so one seed and setting give the same bytes.
@@ -29,7 +36,7 @@ from dataclasses import replace
 
 from pathlib import Path
 
-from icl_lens import approximation, claims, experiments, ffn_rank, plots
+from icl_lens import approximation, claims, closeness, experiments, ffn_rank, multitask, plots
 from icl_lens.device import generator, pick
 from icl_lens.kernels import PositiveRandomFeatures, draw_omega
 from icl_lens.results import load_result, repository_root, save_result
@@ -42,6 +49,8 @@ APPROXIMATION_FIGURES = ("fig6", "fig7", "fig8")
 FIGURES = ("fig3", "fig6", "fig7", "fig8", "fig9", "fig10", "fig11", "fig12", "fig13", "fig14", "paired", "claims")
 PANELS = ("regularized", "augmented", "negative")
 EXTRA = ("convergence",)   # named on the command line only, never by "all"
+STUDIES = ("multitask", "softmax-regression")   # chapters of their own, never by "all"
+STUDY_FILES = {"multitask": "multitask", "softmax-regression": "closeness"}   # JSON / PNG names
 # what ``reproduce all`` writes (JSON names), which the experiments chapter reads
 OUTPUTS = ("fig3", "fig6-8", "fig9", "fig10", "fig11", "fig12", "fig13", "fig14", "paired", "claims",
            *(f"task_{kind}" for kind in ALL_TASKS))
@@ -91,8 +100,9 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
     ``reuse=True`` draws from the ``task_*.json`` records already in ``out`` instead of training
     again (to restyle figures or recompute verdicts).
     """
-    names = list(FIGURES) + [n for n in names if n in EXTRA] if "all" in names else list(dict.fromkeys(names))
-    unknown = [n for n in names if n not in FIGURES and n not in EXTRA]
+    extra = (*EXTRA, *STUDIES)
+    names = list(FIGURES) + [n for n in names if n in extra] if "all" in names else list(dict.fromkeys(names))
+    unknown = [n for n in names if n not in FIGURES and n not in extra]
     if unknown:
         raise ValueError(f"unknown figure(s) {unknown}; choose from {list(FIGURES)} or 'all'")
     out = check_output_folder(out)
@@ -168,7 +178,36 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
                 compile=compile, progress=log is not None) for kind in ("trigonometric", "exponential")}
             figure = plots.convergence_figure(studies)
             written[name] = save_result(out, name, studies, figure)
+        elif name in STUDIES:
+            written[name] = chapter_study(name, out, quick=quick, device=device, reuse=reuse, log=log, workers=workers,
+                                          seeds=seeds)
     return written
+
+
+def chapter_study(name, out, *, quick, device, reuse, log, workers=1, seeds=None):
+    """A study of its own chapter: ``multitask.json`` or ``closeness.json`` and its figure
+    (``reuse``: redraw from the JSON already in ``out``)."""
+    module = {"multitask": multitask, "softmax-regression": closeness}[name]
+    file = STUDY_FILES[name]
+    if reuse and (Path(out) / f"{file}.json").exists():
+        record = load_result(out, file)
+    else:
+        start = time.perf_counter()
+        config = module.StudyConfig()
+        config = config.quick() if quick else config
+        if seeds is not None:
+            config = replace(config, seeds=tuple(seeds))
+        record = module.run_study(config, device=device, progress=log is not None, workers=workers)
+        if log is not None:
+            log.write(f"{name}: {time.perf_counter() - start:.1f} s\n")
+    seeds = tuple(record["study"]["seeds"])
+    if name == "multitask":
+        figure = plots.multitask_figure(record, title=f"one attention layer across tasks: median and "
+                                                      f"quartiles over seeds {seeds}")
+    else:
+        figure = plots.closeness_figure(record, title=f"a trained softmax layer against one GD step (Li et al., "
+                                                      f"rebuilt): median and quartiles over seeds {seeds}")
+    return save_result(out, file, record, figure)
 
 
 def approximation_study(linear, *, quick, device):
@@ -191,6 +230,18 @@ def saved_or_quick(out, *, quick):
         return "full", saved
     reproduce(["all"], out=out, quick=True, log=None)
     return "quick", out
+
+
+def saved_study_or_quick(name, out, *, quick):
+    """Like :func:`saved_or_quick` for a study of its own chapter: ``("full", record, folder)`` from
+    ``book/data/<file>/<file>.json``, else ``("quick", record, out)`` after ``reproduce <name>
+    --quick`` into ``out``."""
+    file = STUDY_FILES[name]
+    saved = repository_root() / "book" / "data" / file
+    if not quick and (saved / f"{file}.json").exists():
+        return "full", load_result(saved, file), saved
+    reproduce([name], out=out, quick=True, log=None)
+    return "quick", load_result(out, file), Path(out)
 
 
 def describe_source(source):

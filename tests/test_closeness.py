@@ -1,0 +1,103 @@
+"""Li et al.'s experiment rebuilt (icl_lens.closeness): the task, the one-step comparator against
+autograd, the labels that give nothing away, and the theorem measured on real updates."""
+
+import json
+
+import pytest
+import torch
+
+from icl_lens import closeness, multitask
+from icl_lens import softmax_regression as sr
+from icl_lens.device import generator
+from icl_lens.results import repository_root
+
+
+def prompts(task=closeness.SoftmaxRegressionTask(25, 20), count=64, seed=0):
+    return task.sample(count, generator=generator(seed), dtype=torch.float64)
+
+
+def test_labels_are_n_softmax_minus_one_and_average_to_zero():
+    task = closeness.SoftmaxRegressionTask(25, 20)
+    x_context, y_context, x_query, y_query = prompts(task)
+    assert x_context.shape == (64, 25, 20) and y_context.shape == (64, 25)
+    assert torch.allclose(y_context.mean(-1), torch.zeros(64, dtype=torch.float64), atol=1e-12)
+    assert (y_context > -1).all() and (y_query > -1).all()
+
+
+def test_the_query_label_is_not_given_away_by_the_context_labels():
+    x_context, y_context, _, y_query = prompts(count=512)
+    # inside the document the normalisation gives a label away: y_0 = -(sum of the others) ...
+    assert torch.allclose(y_context[:, 0], -y_context[:, 1:].sum(-1), atol=1e-10)
+    # ... but the query is not a row of the document: the same formula misses its label
+    leak = -y_context.sum(-1)
+    assert ((y_query - leak) ** 2).mean() > 0.5 * (y_query ** 2).mean()
+
+
+def test_gd_step_is_one_autograd_step_on_the_softmax_regression_loss():
+    task = closeness.SoftmaxRegressionTask(25, 20)
+    x_context, y_context, x_query, _ = prompts(task, count=8)
+    x = torch.zeros(8, 20, dtype=torch.float64, requires_grad=True)
+    loss = 0.5 * ((25 * sr.f(x_context, x) - 1 - y_context) ** 2).sum()
+    (gradient,) = torch.autograd.grad(loss, x)
+    lr = 0.05
+    assert torch.allclose(task.gd_step(x_context, y_context, x_query, lr), -lr * gradient, atol=1e-12)
+    # wrong input: another prompt's labels give another step
+    assert not torch.allclose(task.gd_step(x_context, y_context.roll(1, 0), x_query, lr), -lr * gradient,
+                              atol=1e-3)
+
+
+def test_one_step_prediction_extends_f_to_the_query_row():
+    task = closeness.SoftmaxRegressionTask(25, 20)
+    x_context, y_context, x_query, _ = prompts(task, count=8)
+    x_1 = task.gd_step(x_context, y_context, x_query, 0.1)
+    logits = torch.cat([sr.logits(x_context, x_1), (x_query * x_1).sum(-1, keepdim=True)], dim=-1)
+    expected = 25 * torch.exp(logits[:, -1]) / torch.exp(logits[:, :-1]).sum(-1) - 1
+    assert torch.allclose(task.one_step(x_context, y_context, x_query, 0.1), expected, atol=1e-12)
+
+
+def test_best_lr_beats_its_neighbours_on_the_grid():
+    task = closeness.SoftmaxRegressionTask(25, 20)
+    test = prompts(task, count=512)
+    best = task.best_lr(test)
+
+    def error(lr):
+        return float(((task.one_step(*test[:3], lr) - test[3]) ** 2).mean())
+
+    assert all(error(best) <= error(lr) for lr in closeness.LEARNING_RATES)
+    assert error(best) < float((test[3] ** 2).mean())   # better than predicting the mean (0)
+
+
+def test_theorem_ratios_are_at_most_one_on_updates():
+    task = closeness.SoftmaxRegressionTask(25, 20)
+    test = prompts(task, count=64)
+    layer = multitask.AttentionLayer(21, multitask.MultitaskConfig(attention="softmax"), dtype=torch.float64)
+    measured = closeness.theorem_on_steps(task, layer, test, task.best_lr(test))
+    for side in ("x", "A"):
+        assert 0 < measured[side]["ratio_tight"] <= 1.0
+        assert measured[side]["log10_ratio_M"] < -10   # M is far from tight
+
+
+def test_bad_arguments_name_themselves():
+    with pytest.raises(ValueError, match="n must"):
+        closeness.SoftmaxRegressionTask(1, 20)
+    with pytest.raises(ValueError, match="num_demos"):
+        closeness.SoftmaxRegressionTask().sample(4, num_demos=3)
+
+
+def test_saved_full_run_is_complete_and_its_verdicts_recompute():
+    saved = repository_root() / "book" / "data" / "closeness" / "closeness.json"
+    assert saved.exists(), "the saved full run: python -m icl_lens reproduce softmax-regression --out book/data/closeness"
+    record = json.loads(saved.read_text())
+    assert tuple(record["study"]["lengths"]) == (25, 200) and record["study"]["d"] == 20
+    for n, layers in record["lengths"].items():
+        assert set(layers) == set(closeness.LAYERS)
+        for runs in layers.values():
+            assert len(runs) == 5
+            assert closeness.summary(runs)["converged"], n
+        for run in layers["softmax"]:
+            for side in ("x", "A"):
+                assert 0 < run["theorem"][side]["ratio_tight"] <= 1
+    assert sorted(int(d) for d in record["dims"]) == [5, 10, 20, 40]
+    found = closeness.verdicts(record)
+    assert len(found) == len(record["lengths"]) + 2
+    assert all(v["verdict"] for v in found)

@@ -1,0 +1,182 @@
+"""One attention layer trained across tasks (icl_lens.multitask): prompts, the layers, the measures
+against GD*, the dual reading, the verdict rules, and the saved full run the chapter shows."""
+
+import json
+
+import pytest
+import torch
+
+from icl_lens import baselines, multitask
+from icl_lens.attention import kernel_attention
+from icl_lens.device import generator
+from icl_lens.dual import dual_model
+from icl_lens.kernels import PositiveRandomFeatures
+from icl_lens.results import repository_root
+
+SAVED = repository_root() / "book" / "data" / "multitask" / "multitask.json"
+
+
+def prompts(distribution=multitask.PromptDistribution.von_oswald(), count=256, seed=0, **options):
+    return distribution.sample(count, generator=generator(seed), dtype=torch.float64, **options)
+
+
+def test_each_prompt_has_its_own_linear_task():
+    # paper task: N = 15 > d = 11, so least squares on the context recovers w and predicts the query
+    x_context, y_context, x_query, y_query = prompts(multitask.PromptDistribution.paper_linear())
+    exact = baselines.least_squares(x_context, y_context, x_query)
+    assert torch.allclose(exact, y_query, atol=1e-9)
+    # wrong input: queries paired with another prompt's task are not predicted
+    assert not torch.allclose(exact, y_query.roll(1), atol=1e-2)
+    # and the tasks differ between prompts: one w fitted on all prompts does not explain them
+    pooled = torch.linalg.lstsq(x_context.reshape(-1, 11), y_context.reshape(-1, 1)).solution
+    assert ((x_context.reshape(-1, 11) @ pooled).squeeze(-1) - y_context.reshape(-1)).pow(2).mean() > 1.0
+
+
+@pytest.mark.parametrize("distribution", [multitask.PromptDistribution.von_oswald(),
+                                          multitask.PromptDistribution.paper_linear()])
+def test_label_variance_is_the_loss_of_predicting_zero(distribution):
+    *_, y_query = prompts(distribution, count=200_000)
+    assert abs(float(y_query.pow(2).mean()) / distribution.label_variance - 1) < 0.02
+    other = multitask.PromptDistribution.paper_linear() if distribution.input_dim == 10 \
+        else multitask.PromptDistribution.von_oswald()
+    assert abs(float(y_query.pow(2).mean()) / other.label_variance - 1) > 0.5
+
+
+def test_linear_layer_with_von_oswald_weights_is_one_gd_step():
+    """W_K = W_Q = [[I, 0], [0, 0]] and a value that reads the label times eta: the linear layer's
+    prediction is (eta / N) sum_i y_i x_i . x_q, one GD step from w = 0 (von Oswald et al., Prop. 1)."""
+    x_context, y_context, x_query, _ = prompts()
+    layer = multitask.AttentionLayer(11, multitask.MultitaskConfig(attention="linear"), dtype=torch.float64)
+    eta = 0.7
+    with torch.no_grad():
+        inputs = torch.zeros(11, 11, dtype=torch.float64)
+        inputs[:10, :10] = torch.eye(10)
+        reads_label = torch.zeros(11, 11, dtype=torch.float64)
+        reads_label[-1, -1] = eta
+        layer.W_Q[0], layer.W_K[0], layer.W_V[0] = inputs, inputs, reads_label
+        predicted = multitask.predict(layer, x_context, y_context, x_query)
+        assert torch.allclose(predicted, baselines.one_step_gd(x_context, y_context, x_query, eta), atol=1e-12)
+        layer.W_V[0, -1, -1] = -eta   # wrong sign: no longer the step
+        wrong = multitask.predict(layer, x_context, y_context, x_query)
+        assert not torch.allclose(wrong, baselines.one_step_gd(x_context, y_context, x_query, eta), atol=1e-3)
+
+
+def test_measures_are_zero_and_one_against_gd_itself_and_flip_for_its_negative():
+    test = prompts()
+    lr = baselines.optimal_one_step_lr(*test)
+    task = multitask.PromptDistribution.von_oswald()
+
+    def gd(xc, yc, xq):
+        return baselines.one_step_gd(xc, yc, xq, lr)
+
+    same = multitask.gd_comparison(gd, test, lr, task)
+    assert same["preds_diff"] < 1e-12 and same["model_diff"] < 1e-12 and abs(same["model_cos"] - 1) < 1e-12
+    assert same["loss"] == pytest.approx(same["gd_loss"])
+    flipped = multitask.gd_comparison(lambda *p: -gd(*p), test, lr, task)
+    assert abs(flipped["model_cos"] + 1) < 1e-12 and flipped["preds_diff"] > 0.1
+
+
+def test_sensitivity_matches_finite_differences_for_the_softmax_layer():
+    x_context, y_context, x_query, _ = prompts(count=4)
+    layer = multitask.AttentionLayer(11, multitask.MultitaskConfig(attention="softmax", init_std=0.5),
+                                     dtype=torch.float64)
+
+    def predictor(xc, yc, xq):
+        return multitask.predict(layer, xc, yc, xq)
+
+    slope = multitask.sensitivity(predictor, x_context, y_context, x_query)
+    step = 1e-6
+    for k in range(10):
+        bump = torch.zeros(10, dtype=torch.float64)
+        bump[k] = step
+        with torch.no_grad():
+            difference = (predictor(x_context, y_context, x_query + bump)
+                          - predictor(x_context, y_context, x_query - bump)) / (2 * step)
+        assert torch.allclose(slope[:, k], difference, atol=1e-7)
+
+
+def test_dual_model_of_a_random_feature_layer_reproduces_it_and_a_wrong_value_does_not():
+    test = prompts(multitask.PromptDistribution.paper_linear(), count=8)
+    layer = multitask.AttentionLayer(12, multitask.MultitaskConfig(attention="random-features", init_std=0.3),
+                                     dtype=torch.float64)
+    assert multitask.random_feature_dual_check(layer, test) < 1e-12
+    tokens = multitask.prompt_tokens(*test[:3])
+    W_Q, W_K, W_V = (w[0].detach() for w in (layer.W_Q, layer.W_K, layer.W_V))
+    features = PositiveRandomFeatures(layer.omega)
+    wrong = dual_model(tokens[:, :-1], tokens[:, -1:], W_Q, W_K, 2 * W_V, features).test_prediction()
+    direct = kernel_attention(tokens[:, -1:], tokens, W_Q, W_K, W_V, feature_map=features).squeeze(-2)
+    assert (wrong - direct).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="random-features"):
+        multitask.random_feature_dual_check(multitask.AttentionLayer(12, multitask.MultitaskConfig()), test)
+
+
+def test_dual_alignment_is_one_for_the_gd_construction_and_low_for_random_weights():
+    test = prompts()
+    layer = multitask.AttentionLayer(11, multitask.MultitaskConfig(attention="linear"), dtype=torch.float64)
+    random = multitask.dual_alignment(layer, test)[0]
+    with torch.no_grad():
+        layer.W_Q[0] = layer.W_K[0] = torch.eye(11, dtype=torch.float64)
+        layer.W_V[0] = torch.zeros(11, 11, dtype=torch.float64)
+        layer.W_V[0, -1, -1] = 1.0
+    aligned = multitask.dual_alignment(layer, test)[0]
+    assert aligned["label_correlation"] == pytest.approx(1.0) and aligned["kernel_identity_cosine"] == pytest.approx(1.0)
+    assert abs(random["kernel_identity_cosine"]) < 0.5
+
+
+def test_trained_linear_layer_reaches_gd_star_in_von_oswalds_setting():
+    config = multitask.MultitaskConfig(attention="linear", steps=1500, checkpoints=6, test_prompts=1024)
+    distribution = multitask.PromptDistribution.von_oswald()
+    _, record = multitask.train_layer(distribution, config)
+    assert record["loss"][-1] < 1.05 * record["gd_loss"][-1]
+    assert record["model_cos"][-1] > 0.95
+    assert record["loss"][0] > record["loss"][-1]
+
+
+def test_convergence_criterion_can_fail():
+    flat = {"loss": [0.5] * 10}
+    falling = {"loss": [1.0 - 0.05 * k for k in range(10)]}
+    assert multitask.converged(flat, 1.0)["converged"]
+    assert not multitask.converged(falling, 1.0)["converged"]
+
+
+def test_place_and_verdict_rules():
+    assert multitask.place(0.95, 0.4) == "no better than predicting the mean"
+    assert multitask.place(0.41, 0.4) == "at one GD step (lr*)"
+    assert multitask.place(0.6, 0.4) == "between one GD step (lr*) and the mean"
+    assert multitask.place(0.2, 0.4) == "better than one GD step (lr*)"
+
+
+def test_bad_arguments_name_themselves():
+    with pytest.raises(ValueError, match="attention"):
+        multitask.MultitaskConfig(attention="cosine")
+    with pytest.raises(ValueError, match="optimizer"):
+        multitask.MultitaskConfig(optimizer="lion")
+    with pytest.raises(ValueError, match="input_low"):
+        multitask.PromptDistribution(input_low=1.0, input_high=0.0)
+    with pytest.raises(ValueError, match="num_prompts"):
+        multitask.PromptDistribution().sample(0)
+
+
+def test_quick_study_runs_end_to_end_and_verdicts_follow():
+    record = multitask.run_study(multitask.StudyConfig().quick())
+    assert set(record["settings"]) >= {"von Oswald (linear attention)", "paper task (paper's SGD)"}
+    for entry in record["settings"].values():
+        for run in entry["runs"]:
+            assert len(run["loss"]) == len(run["steps"])
+    assert len(multitask.verdicts(record)) == 1 + 4 + 1
+    json.dumps(record)
+
+
+def test_saved_full_run_is_complete_converged_and_its_verdicts_recompute():
+    assert SAVED.exists(), "the saved full run: python -m icl_lens reproduce multitask --out book/data/multitask"
+    record = json.loads(SAVED.read_text())
+    assert tuple(record["study"]["seeds"]) == (0, 1, 2, 3, 4)
+    for name, entry in record["settings"].items():
+        assert len(entry["runs"]) == 5, name
+        if "SGD" not in name:
+            assert multitask.setting_converged(entry)["converged"], name
+    found = {v["setting"]: v["verdict"] for v in multitask.verdicts(record)}
+    assert found["von Oswald (linear attention)"] == "agrees"
+    assert found["paper task (linear)"] == "at one GD step (lr*)"
+    gaps = [r["dual_check"] for r in record["settings"]["paper task (random-features)"]["runs"]]
+    assert max(gaps) < 1e-9
