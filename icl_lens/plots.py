@@ -410,7 +410,7 @@ CLOSENESS_MEASURES = (("loss", "test loss / label variance"), ("preds_diff", "Pr
                       ("model_diff", "Model Diff"), ("model_cos", "Model Cos"))
 
 
-def closeness_figure(record, *, title):
+def softmax_layer_figure(record, *, title):
     """Li et al.'s panels, rebuilt: for each document length, the trained layers' test loss and
     the three measures against GD* over training (median and quartiles over seeds), with the
     baselines as lines; below, the final test loss against d."""

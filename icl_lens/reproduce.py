@@ -205,7 +205,7 @@ def chapter_study(name, out, *, quick, device, reuse, log, workers=1, seeds=None
         figure = plots.multitask_figure(record, title=f"one attention layer across tasks: median and "
                                                       f"quartiles over seeds {seeds}")
     else:
-        figure = plots.closeness_figure(record, title=f"a trained softmax layer against one GD step (Li et al., "
+        figure = plots.softmax_layer_figure(record, title=f"a trained softmax layer against one GD step (Li et al., "
                                                       f"rebuilt): median and quartiles over seeds {seeds}")
     return save_result(out, file, record, figure)
 
