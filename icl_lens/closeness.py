@@ -278,8 +278,8 @@ def verdicts(record):
                   "verdict": "agrees" if near else "disagrees"})
     small = max(r["theorem"][side]["small"] for layers in record["lengths"].values()
                 for r in layers["softmax"] for side in ("x", "A"))
-    found.append({"claim": "the main theorem's assumption |A (x_t+1 - x_t)|_inf < 0.01, |(A_t+1 - A_t) x|_inf "
-                           "< 0.01 holds for the updates of this experiment",
+    found.append({"claim": "the main theorem's smallness assumption (a step moves every logit by less than "
+                           "0.01) holds for the updates of this experiment",
                   "where": "Li et al., Thm 1.4", "setting": "GD* steps and the trained softmax layers' updates",
                   "measured": f"largest share of test prompts inside the condition: {small:.2f}",
                   "verdict": "holds" if small >= 0.5 else "does not hold"})
