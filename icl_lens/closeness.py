@@ -26,9 +26,8 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from icl_lens import multitask
-from icl_lens.attention import softmax_attention
 from icl_lens import softmax_regression as sr
-from icl_lens.device import generator, pick
+from icl_lens.device import pick
 from icl_lens.validation import check_positive_float, check_positive_int
 
 LEARNING_RATES = tuple(10 ** (k / 8) for k in range(-24, 25))   # 1e-3 ... 1e3, for GD*'s grid
@@ -158,6 +157,8 @@ def theorem_on_steps(task, layer, prompts, lr):
 
 
 LAYERS = ("softmax", "linear")   # Li et al.'s layer, and linear attention as a reference
+# what a run of the loss-against-d sweep keeps (no curves of the measures, no theorem)
+SWEEP_KEYS = ("loss", "gd_loss", "label_variance", "baselines", "convergence", "lr_star")
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,7 @@ def run_one(study, n, d, attention, seed, steps, full, device, progress, threads
     if full:
         run["theorem"] = theorem_on_steps(task, layer, test, run["lr_star"])
         return run
-    return {k: run[k] for k in ("loss", "gd_loss", "label_variance", "baselines", "convergence", "lr_star")}
+    return {k: run[k] for k in SWEEP_KEYS}
 
 
 def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1):
@@ -218,9 +219,8 @@ def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1):
         record[part].setdefault(key, {}).setdefault(job[3], []).append(run)
     record["lengths"] = {str(n): record["lengths"][str(n)] for n in study.lengths}
     if study.d in study.dims:   # the d = study.d point is the first length's softmax runs
-        record["dims"][str(study.d)] = {"softmax": [{k: r[k] for k in ("loss", "gd_loss", "label_variance",
-                                                                        "baselines", "convergence", "lr_star")}
-                                                    for r in record["lengths"][str(study.lengths[0])]["softmax"]]}
+        first = record["lengths"][str(study.lengths[0])]["softmax"]
+        record["dims"][str(study.d)] = {"softmax": [{k: r[k] for k in SWEEP_KEYS} for r in first]}
     record["dims"] = {str(d): record["dims"][str(d)] for d in study.dims}
     return record
 
