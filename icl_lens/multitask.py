@@ -20,6 +20,7 @@ set comes to that one: the correlation of the dual labels with y_i, and how far 
 to the inputs is from a multiple of the identity.
 """
 
+import copy
 import math
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
@@ -28,7 +29,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from icl_lens import baselines
-from icl_lens.attention import kernel_attention, softmax_attention
+from icl_lens.attention import kernel_attention, kernel_attention_weights
 from icl_lens.device import generator, pick
 from icl_lens.dual import dual_model
 from icl_lens.kernels import PositiveRandomFeatures, draw_omega
@@ -36,6 +37,7 @@ from icl_lens.validation import check_positive_float, check_positive_int
 
 ATTENTIONS = ("linear", "softmax", "random-features")
 OPTIMIZERS = ("adam", "sgd")
+SCHEDULES = ("constant", "decay")
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,12 @@ def sample_prompts(distribution, num_prompts, *, generator=None, num_demos=None,
 
 def prompt_tokens(x_context, y_context, x_query):
     """Rows [x_i ; y_i] for the demonstrations and [x_q ; 0] for the query: (P, N + 1, d + 1)."""
-    x_context, y_context, x_query = baselines.check_prompts(x_context, y_context, x_query)
+    return stack_tokens(*baselines.check_prompts(x_context, y_context, x_query))
+
+
+def stack_tokens(x_context, y_context, x_query):
+    """:func:`prompt_tokens` without its input checks, for prompts this module drew itself (at
+    n = 200 the finiteness checks cost as much as the training step)."""
     demos = torch.cat([x_context, y_context.unsqueeze(-1)], dim=-1)
     query = torch.cat([x_query, torch.zeros_like(x_query[..., :1])], dim=-1)
     return torch.cat([demos, query.unsqueeze(-2)], dim=-2)
@@ -122,6 +129,8 @@ class MultitaskConfig:
     lr: float = 1e-2
     batch: int = 256
     steps: int = 6000
+    schedule: str = "constant"
+    decay_fraction: float = 0.2
     init_std: float = 0.2
     num_features: int = 64
     test_prompts: int = 4096
@@ -133,10 +142,14 @@ class MultitaskConfig:
             raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         for name in ("heads", "batch", "steps", "num_features", "test_prompts", "checkpoints"):
             check_positive_int(getattr(self, name), name)
         check_positive_float(self.lr, "lr")
         check_positive_float(self.init_std, "init_std")
+        if not 0 < self.decay_fraction <= 1:
+            raise ValueError(f"decay_fraction must be in (0, 1], got {self.decay_fraction!r}")
 
 
 class AttentionLayer(torch.nn.Module):
@@ -156,17 +169,24 @@ class AttentionLayer(torch.nn.Module):
         self.register_buffer("omega", omega)
 
     def attend(self, queries, tokens):
-        """Each head's output for the rows ``queries`` (P, T, D) over ``tokens``: (heads, P, T, D)."""
+        """Each head's output for the rows ``queries`` (P, T, D) over ``tokens``: (heads, P, T, D).
+
+        The same numbers as :func:`icl_lens.attention.softmax_attention` (and the kernel and linear
+        forms) in another order: the query is moved through W_Q^T W_K and the weights are applied
+        to the tokens before W_V, so no token is projected. A step then costs O(N D) per prompt
+        instead of O(N D^2) when only the query attends, which is what makes n = 200 trainable."""
         outputs = []
         for W_Q, W_K, W_V in zip(self.W_Q, self.W_K, self.W_V):
-            if self.attention == "linear":
-                scores = (queries @ W_Q.T) @ (tokens @ W_K.T).transpose(-1, -2)
-                outputs.append(scores @ (tokens @ W_V.T) / (tokens.shape[-2] - 1))
-            elif self.attention == "softmax":
-                outputs.append(softmax_attention(queries, tokens, W_Q, W_K, W_V))
-            else:
+            if self.attention == "random-features":
                 features = PositiveRandomFeatures(self.omega)
-                outputs.append(kernel_attention(queries, tokens, W_Q, W_K, W_V, feature_map=features))
+                weights = kernel_attention_weights(queries, tokens, W_Q, W_K, feature_map=features)
+            else:
+                scores = (queries @ W_Q.T @ W_K) @ tokens.transpose(-1, -2)
+                if self.attention == "linear":
+                    weights = scores / (tokens.shape[-2] - 1)
+                else:   # softmax with the paper's temperature 1 / sqrt(d_o)
+                    weights = torch.softmax(scores / math.sqrt(W_K.shape[0]), dim=-1)
+            outputs.append((weights @ tokens) @ W_V.T)
         return torch.stack(outputs)
 
     def head_outputs(self, tokens):
@@ -224,47 +244,88 @@ def baseline_losses(prompts, train_prompts, *, demos_range=None):
     return {name: float(((p - y_query) ** 2).mean()) for name, p in predictions.items()}, lr_star
 
 
+def lr_factor(step, steps, decay_fraction):
+    """The "decay" schedule: the full learning rate, then a linear fall to 0 over the last
+    ``decay_fraction`` of the ``steps`` (warmup-free warmup-stable-decay)."""
+    decay_start = steps * (1 - decay_fraction)
+    return 1.0 if step < decay_start else max(0.0, (steps - step) / (steps - decay_start))
+
+
+def _optimiser(layer, config, steps):
+    """The optimiser of ``config`` and its schedule over ``steps`` (a run, or its half-length branch)."""
+    optimizer = (torch.optim.Adam if config.optimizer == "adam" else torch.optim.SGD)(layer.parameters(), lr=config.lr)
+    if config.schedule == "constant":
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, steps, config.decay_fraction))
+
+
+def _train_step(layer, optimizer, schedule, task, config, stream, device):
+    x_context, y_context, x_query, y_query = task.sample(config.batch, generator=stream, device=device)
+    loss = ((layer(stack_tokens(x_context, y_context, x_query)) - y_query) ** 2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    schedule.step()
+    return loss.item()
+
+
 def train_layer(task, config, *, device="cpu", progress=False):
     """Train one layer on fresh prompts of ``task`` (a new task weight each), recording the test loss
     and the three measures against the task's one-step comparator at its best learning rate (tuned
     on separate prompts) at ``config.checkpoints`` evenly spaced steps. Returns (layer, record).
 
+    With ``config.schedule == "decay"`` the record also holds ``record["half"]``: the measures of
+    the same run trained for half the steps. Both schedules share their constant phase, so the
+    half-length run branches off at the start of its own decay (a copy of layer, optimiser and data
+    stream) and costs ``decay_fraction / 2`` of a run; it is exactly the run a separate call with
+    ``steps // 2`` would give.
+
     ``task`` is a :class:`PromptDistribution` or any object with its ``token_dim``, ``sample``,
     ``one_step`` and ``best_lr`` (the softmax-regression tasks of :mod:`icl_lens.closeness`)."""
     device = pick(device)
     layer = AttentionLayer(task.token_dim, config, device=device)
-    if config.optimizer == "adam":
-        optimizer = torch.optim.Adam(layer.parameters(), lr=config.lr)
-    else:
-        optimizer = torch.optim.SGD(layer.parameters(), lr=config.lr)
+    optimizer, schedule = _optimiser(layer, config, config.steps)
     stream = generator(config.seed + 1, device)
     test, tuning = test_and_tuning_prompts(task, config.test_prompts, config.seed, device)
     lr_star = task.best_lr(tuning)
 
-    def layer_predictor(xc, yc, xq):
-        return predict(layer, xc, yc, xq)
+    def measures(trained):
+        found = gd_comparison(lambda xc, yc, xq: predict(trained, xc, yc, xq), test, lr_star, task)
+        return {key: value if math.isfinite(value) else None for key, value in found.items()}
 
     marks = sorted({max(1, config.steps * j // config.checkpoints) for j in range(1, config.checkpoints + 1)})
     record = {"steps": marks, "train_loss": [], **{k: [] for k in ("loss", "gd_loss", "preds_diff",
                                                                      "model_diff", "model_cos")}}
+    half = config.steps // 2
+    branch_at = math.ceil(half * (1 - config.decay_fraction)) if config.schedule == "decay" else None
     running, count = 0.0, 0
     steps = range(1, config.steps + 1)
     if progress:
         from tqdm.auto import tqdm
         steps = tqdm(steps, desc=f"{config.attention} seed {config.seed}", leave=False)
     for step in steps:
-        x_context, y_context, x_query, y_query = task.sample(config.batch, generator=stream, device=device)
-        loss = ((predict(layer, x_context, y_context, x_query) - y_query) ** 2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        running, count = running + loss.item(), count + 1
+        if step - 1 == branch_at:   # the half-length run: same weights, optimiser state and data so far
+            short = copy.deepcopy(layer)
+            short_optimizer, short_schedule = _optimiser(short, config, half)
+            short_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))   # not shared
+            short_schedule.last_epoch = schedule.last_epoch
+            for group in short_optimizer.param_groups:
+                group["lr"] = config.lr * lr_factor(schedule.last_epoch, half, config.decay_fraction)
+            short_stream = generator(0, device)
+            short_stream.set_state(stream.get_state())
+            for _ in range(step, half + 1):
+                _train_step(short, short_optimizer, short_schedule, task, config, short_stream, device)
+            record["half"] = {"steps": half, **measures(short)}
+        running += _train_step(layer, optimizer, schedule, task, config, stream, device)
+        count += 1
         if step in marks:
             record["train_loss"].append(running / count)
             running, count = 0.0, 0
-            for key, value in gd_comparison(layer_predictor, test, lr_star, task).items():
-                record[key].append(value if math.isfinite(value) else None)
+            for key, value in measures(layer).items():
+                record[key].append(value)
     record["lr_star"] = lr_star
+    record["schedule"] = config.schedule
     return layer, record
 
 
@@ -283,17 +344,27 @@ def window_mean(values, end=None):
 
 
 def final(record, key):
-    """The reported value of a measure: its window mean over the last quarter of training."""
+    """The reported value of a measure: at the end of a "decay" run (the step size is 0 there),
+    else its window mean over the last quarter of training."""
+    if record.get("schedule") == "decay":
+        value = record[key][-1]
+        return math.inf if value is None else value
     return window_mean(record[key])
 
 
 def converged(record, label_variance, tolerance=0.01):
-    """The criterion of these chapters: the test loss divided by the label variance, as a mean over
-    a quarter of the checkpoints, improves by less than ``tolerance`` from the quarter that ends
-    half-way through training to the last quarter."""
-    losses = [math.inf if x is None else x / label_variance for x in record["loss"]]
-    middle = window_mean(losses, len(losses) // 2) if len(losses) > 1 else math.inf
-    improvement = middle - window_mean(losses)
+    """The criterion of these chapters, on the test loss divided by the label variance: training
+    twice as long improves it by less than ``tolerance``. For a "decay" run this compares the end
+    of the run with the end of the same run at half the steps (``record["half"]``); for a constant
+    step size, where single checkpoints are noisy, the mean over the last quarter of the
+    checkpoints with the mean over the quarter that ends half-way."""
+    if record.get("schedule") == "decay":
+        half = record["half"]["loss"]
+        improvement = (math.inf if half is None else half / label_variance) - final(record, "loss") / label_variance
+    else:
+        losses = [math.inf if x is None else x / label_variance for x in record["loss"]]
+        middle = window_mean(losses, len(losses) // 2) if len(losses) > 1 else math.inf
+        improvement = middle - window_mean(losses)
     return {"improvement": improvement, "tolerance": tolerance, "converged": bool(improvement < tolerance)}
 
 
@@ -350,10 +421,13 @@ def random_feature_dual_check(layer, prompts, head=0, count=8):
 
 @dataclass(frozen=True)
 class StudyConfig:
-    """The whole across-tasks study; ``quick()`` is the CI size."""
+    """The whole across-tasks study; ``quick()`` is the CI size. The Adam runs use the "decay"
+    schedule, so that the final weights are not one draw of Adam's noise and convergence can be
+    checked against the same run at half the steps; the paper's SGD keeps its constant rate."""
 
     seeds: tuple = (0, 1, 2, 3, 4)
     steps: int = 4000
+    schedule: str = "decay"
     batch: int = 256
     demo_counts: tuple = (1, 2, 4, 6, 8, 10, 11, 12, 15, 20, 25, 30)
     paper_steps: int = 40960   # the paper's linear task: 40 epochs of 1024 one-prompt steps
@@ -372,7 +446,7 @@ def study_settings(study):
     settings["paper task (linear, 2 heads)"] = (PromptDistribution.paper_linear(), {"attention": "linear", "heads": 2})
     settings["paper task (paper's SGD)"] = (PromptDistribution.paper_linear(),
                                             {"attention": "random-features", "optimizer": "sgd", "lr": 0.003,
-                                             "batch": 1, "steps": study.paper_steps})
+                                             "batch": 1, "steps": study.paper_steps, "schedule": "constant"})
     return settings
 
 
@@ -381,7 +455,7 @@ def run_one(study, distribution, options, seed, device, progress, threads=None):
     if threads is not None:
         torch.set_num_threads(threads)
     config = MultitaskConfig(**{"steps": study.steps, "batch": study.batch, "test_prompts": study.test_prompts,
-                                **options, "seed": seed})
+                                "schedule": study.schedule, **options, "seed": seed})
     layer, run = train_layer(distribution, config, device=device, progress=progress)
     test, tuning = test_and_tuning_prompts(distribution, config.test_prompts, seed, device)
     run["baselines"], _ = baseline_losses(test, tuning)
@@ -432,15 +506,15 @@ def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1):
 
 
 def setting_converged(entry, tolerance=0.01):
-    """A setting has converged when the median over seeds of the improvement over the last half of
-    training (normalised) is below ``tolerance`` (the criterion of the experiments chapter)."""
+    """A setting has converged when the median over seeds of each run's improvement from doubling
+    its training (:func:`converged`, normalised) is below ``tolerance``."""
     improvements = torch.tensor([r["convergence"]["improvement"] for r in entry["runs"]], dtype=torch.float64)
     median = float(improvements.median())
     return {"median_improvement": median, "tolerance": tolerance, "converged": median < tolerance}
 
 
 def summary(record, setting):
-    """Median over seeds of the final (last-quarter mean) normalised losses and measures of one setting."""
+    """Median over seeds of the final normalised losses and measures (see :func:`final`) of one setting."""
     entry = record["settings"][setting]
     scale = entry["label_variance"]
     runs = entry["runs"]

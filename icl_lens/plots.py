@@ -1,65 +1,101 @@
 """The book's figures. Each function takes numbers (as computed elsewhere) and returns a figure."""
 
+import functools
 import math
 
 import matplotlib.pyplot as plt
 import torch
+from matplotlib.ticker import MaxNLocator
 
 from icl_lens import experiments, multitask
+
+COLUMN = 8.0   # inches: the book's text column shows a figure this wide at about 100 px an inch
+# fonts sized for that column: 9 pt on an 8-inch figure reads as about 12 px on the page
+STYLE = {"font.size": 9, "axes.titlesize": 9.5, "axes.labelsize": 9, "legend.fontsize": 7.5,
+         "xtick.labelsize": 8, "ytick.labelsize": 8, "figure.titlesize": 10}
+DPI = 160   # saved figures: sharp when the browser scales them to the column
+
+
+def styled(draw):
+    """Build the figure inside :data:`STYLE` (matplotlib's settings are global: a context keeps
+    them from leaking into a reader's own plots)."""
+    @functools.wraps(draw)
+    def build(*args, **kwargs):
+        with plt.rc_context(STYLE):
+            return draw(*args, **kwargs)
+    return build
+
+
+def integer_ticks(axis, which="x"):
+    """Ticks at whole numbers only, for axes that count things (epochs, steps, tokens, layers)."""
+    (axis.xaxis if which == "x" else axis.yaxis).set_major_locator(MaxNLocator(integer=True))
 
 
 def _as_numpy(value):
     return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
 
 
+@styled
 def approximation_error_figure(results, title="Random-feature approximation of softmax attention"):
-    """Figs. 6-8: MSE and MAE of attention matrix and output against d_r (log-log), one line per result.
+    """Figs. 6-8: MSE and MAE of attention matrix and output against d_r (log-log), one line per result:
+    the median over repeats and the band between the quartiles (the errors are heavy-tailed, so a
+    mean +- std band would dip below zero).
 
     ``results`` maps a label (e.g. "iid", "orthogonal") to the dict of
     :func:`icl_lens.approximation.approximation_error`.
     """
-    figure, axes = plt.subplots(2, 2, figsize=(10, 7))
+    figure, axes = plt.subplots(2, 2, figsize=(COLUMN, 6.2))
     axes = axes.ravel()
     keys = ("attention_mse", "attention_mae", "output_mse", "output_mae")
     labels = ("attention matrix MSE", "attention matrix MAE", "output MSE", "output MAE")
     for axis, key, label in zip(axes, keys, labels):
         for name, result in results.items():
             counts = result["feature_counts"]
-            mean = torch.tensor(result[key])
-            spread = torch.tensor(result[f"{key}_std"])
-            axis.plot(counts, mean, marker="o", label=name)
-            axis.fill_between(counts, (mean - spread).clamp(min=mean.min() / 10), mean + spread, alpha=0.2)
+            median = torch.tensor(result[f"{key}_median"])
+            low, high = torch.tensor(result[f"{key}_quartiles"]).T
+            line, = axis.plot(counts, median, marker="o", markersize=3, label=name)
+            axis.fill_between(counts, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         first = next(iter(results.values()))
         reference = torch.tensor(first["feature_counts"], dtype=torch.float64)
         slope = 1.0 if key.endswith("mse") else 0.5
-        anchor = first[key][0] * (reference[0] ** slope)
+        anchor = first[f"{key}_median"][0] * (reference[0] ** slope)
         axis.plot(reference, anchor / reference**slope, "k--", linewidth=0.8, label=f"$\\propto d_r^{{-{slope:g}}}$")
-        axis.set(xscale="log", yscale="log", xlabel="$d_r$ (number of random features)", title=label)
+        axis.set(xscale="log", yscale="log", xlabel="$d_r$ (random features)", title=label)
         axis.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=7)
     figure.suptitle(title)
     figure.tight_layout()
     return figure
 
 
+@styled
 def attention_heatmaps_figure(exact, estimate, exact_output, estimate_output, num_features):
-    """Fig. 9: exact and estimated attention matrices and outputs, side by side, on shared colour scales."""
+    """Fig. 9: exact and estimated attention matrix (top) and output (bottom) on shared colour
+    scales, and the estimate minus the exact values on a scale of their own (right)."""
     exact, estimate = _as_numpy(exact), _as_numpy(estimate)
     exact_output, estimate_output = _as_numpy(exact_output), _as_numpy(estimate_output)
-    figure, axes = plt.subplots(1, 4, figsize=(15, 3.6), gridspec_kw={"width_ratios": [1, 1, 0.8, 0.8]})
-    low, high = min(exact.min(), estimate.min()), max(exact.max(), estimate.max())
-    for axis, matrix, name in zip(axes[:2], (exact, estimate), ("exact softmax", f"random features, $d_r$={num_features}")):
-        image = axis.imshow(matrix, vmin=low, vmax=high, cmap="viridis")
-        axis.set(title=f"attention: {name}", xlabel="key token", ylabel="query token")
-    figure.colorbar(image, ax=axes[:2], shrink=0.8)
-    low, high = min(exact_output.min(), estimate_output.min()), max(exact_output.max(), estimate_output.max())
-    for axis, matrix, name in zip(axes[2:], (exact_output, estimate_output), ("exact", "estimated")):
-        image = axis.imshow(matrix, vmin=low, vmax=high, cmap="coolwarm")
-        axis.set(title=f"output: {name}", xlabel="output dimension", ylabel="token")
-    figure.colorbar(image, ax=axes[2:], shrink=0.8)
+    figure, axes = plt.subplots(2, 3, figsize=(COLUMN, 5.6))
+    rows = (("attention", exact, estimate, "viridis", "key token", "query token"),
+            ("output", exact_output, estimate_output, "coolwarm", "output dimension", "token"))
+    for row, (part, truth, guess, colours, xlabel, ylabel) in zip(axes, rows):
+        low, high = min(truth.min(), guess.min()), max(truth.max(), guess.max())
+        for axis, matrix, name in zip(row[:2], (truth, guess), ("exact softmax", f"$d_r$ = {num_features}")):
+            image = axis.imshow(matrix, vmin=low, vmax=high, cmap=colours)
+            axis.set(title=f"{part}: {name}", xlabel=xlabel, ylabel=ylabel)
+            integer_ticks(axis, "x")
+            integer_ticks(axis, "y")
+        figure.colorbar(image, ax=row[:2], shrink=0.85)
+        difference = guess - truth
+        bound = abs(difference).max()
+        image = row[2].imshow(difference, vmin=-bound, vmax=bound, cmap="PiYG")
+        row[2].set(title=f"{part}: estimate - exact", xlabel=xlabel)
+        integer_ticks(row[2], "x")
+        integer_ticks(row[2], "y")
+        figure.colorbar(image, ax=row[2], shrink=0.85)
     return figure
 
 
+@styled
 def sgd_error_figure(curves, title="Fig. 3 (left): dual model trained one demonstration at a time",
                      ylabel="$\\|\\hat y_{test} - h'\\|^2$"):
     """||y_test - h'||^2 against the number of SGD steps, one line per label, log scale.
@@ -79,10 +115,12 @@ def sgd_error_panel(axis, curves, *, title, ylabel, fontsize):
         values = torch.as_tensor(errors, dtype=torch.float64).clamp(min=1e-35)
         axis.plot(range(len(values)), values, marker=".", label=label)
     axis.set(yscale="log", xlabel="SGD steps (one demonstration each)", ylabel=ylabel, title=title)
+    integer_ticks(axis)
     axis.grid(True, which="both", alpha=0.3)
     axis.legend(fontsize=fontsize)
 
 
+@styled
 def gap_to_softmax_figure(feature_counts, dual_gap, kernel_gap, spread=None):
     """Relative distance of the dual prediction to exact softmax attention, against d_r."""
     figure, axis = plt.subplots(figsize=(6.4, 3.8))
@@ -100,6 +138,7 @@ def gap_to_softmax_figure(feature_counts, dual_gap, kernel_gap, spread=None):
     return figure
 
 
+@styled
 def rank_bound_figure(result, paper_saturation=None):
     """Fig. 14 (right): mean of min(d, #active ReLUs) against the FFN width d_h."""
     figure, axis = plt.subplots(figsize=(6.4, 3.8))
@@ -109,25 +148,29 @@ def rank_bound_figure(result, paper_saturation=None):
     axis.axhline(result["d"], color="k", linestyle="--", linewidth=0.8, label=f"d = {result['d']}")
     if paper_saturation is not None:
         axis.axvline(paper_saturation, color="gray", linestyle=":", label=f"paper (trained): saturated from $d_h$ = {paper_saturation}")
-    axis.set(xlabel="$d_h$ (FFN width)", ylabel="min(d, #active ReLUs)", title="Fig. 14 (right): rank bound of $W_F$")
+    axis.set(xlabel="$d_h$ (FFN width)", ylabel="min($d$, active ReLUs)", title="Fig. 14 (right): rank bound of $W_F$")
+    integer_ticks(axis)
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=8)
     figure.tight_layout()
     return figure
 
 
+@styled
 def layer_error_figure(errors, title="Theorem B.2: dual pipeline vs direct forward pass"):
     """Max relative error per layer; ``errors`` maps a label (e.g. "float64, L = 6") to a list per layer."""
     figure, axis = plt.subplots(figsize=(6.4, 3.8))
     for label, values in errors.items():
         axis.plot(range(1, len(values) + 1), values, marker="o", label=label)
-    axis.set(yscale="log", xlabel="layer l", ylabel="max relative error, all tokens", title=title)
+    axis.set(yscale="log", xlabel="layer $l$", ylabel="max relative error, all tokens", title=title)
+    integer_ticks(axis)
     axis.grid(True, which="both", alpha=0.3)
     axis.legend(fontsize=8)
     figure.tight_layout()
     return figure
 
 
+@styled
 def looseness_figure(sizes, radii, ratios, title):
     """log10 of the largest measured lhs / rhs against n, one line per R (ratios[R][n])."""
     figure, axis = plt.subplots(figsize=(6.4, 3.8))
@@ -135,55 +178,61 @@ def looseness_figure(sizes, radii, ratios, title):
         # math.log10: ratios near 1e-70 underflow in float32 tensors
         axis.plot(sizes, [math.log10(r) for r in ratios[R]], marker="o", label=f"R = {R}")
     axis.axhline(0, color="k", linewidth=0.8, linestyle="--", label="bound attained")
-    axis.set(xscale="log", xlabel="n (tokens in the document A)", ylabel="log10(max lhs / rhs)", title=title)
+    axis.set(xscale="log", xlabel="$n$ (tokens in the document $A$)", ylabel="$\\log_{10}$(max lhs / rhs)", title=title)
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=8)
     figure.tight_layout()
     return figure
 
 
+@styled
 def closeness_figure(history, title="GD on x against updates of A"):
-    """Losses of both trainings, and how far apart their predictions and induced shifts are."""
-    figure, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    """Losses of both trainings, and how far apart their predictions and induced shifts are;
+    legends sit below the panels, off the curves."""
+    figure, axes = plt.subplots(1, 2, figsize=(COLUMN, 4.0))
     steps = range(len(history["loss_x"]))
-    axes[0].plot(steps, history["loss_x"], label="GD on the weights x")
-    axes[0].plot(steps, history["loss_A"], label="updates of the document A (attention)")
-    axes[0].set(yscale="log", xlabel="step", ylabel="$L_{exp}$", title="training loss")
-    axes[0].legend(fontsize=8)
-    axes[1].plot(steps, history["shift_x"], label="$\\|\\tilde b - b\\|$, GD on x")
-    axes[1].plot(steps, history["shift_A"], label="$\\|\\tilde b - b\\|$, updates of A")
+    axes[0].plot(steps, history["loss_x"], label="GD on the weights $x$")
+    axes[0].plot(steps, history["loss_A"], label="updates of the document $A$")
+    axes[0].set(yscale="log", xlabel="step", ylabel="$L_{\\exp}$", title="training loss")
+    axes[1].plot(steps, history["shift_x"], label="$\\|\\tilde b - b\\|$, GD on $x$")
+    axes[1].plot(steps, history["shift_A"], label="$\\|\\tilde b - b\\|$, updates of $A$")
     axes[1].plot(steps, history["prediction_distance"], label="$\\|f(A, x_t) - f(A_t, x)\\|$")
     twin = axes[1].twinx()
     twin.plot(steps, history["shift_cosine"], color="gray", linestyle=":", label="cosine of the two shifts")
     twin.set(ylim=(-1.05, 1.05), ylabel="cosine")
-    axes[1].set(xlabel="step", ylabel="norm", title="induced shifts of b")
+    axes[1].set(xlabel="step", ylabel="norm", title="induced shifts of $b$")
     lines = axes[1].get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
-    axes[1].legend(lines, [line.get_label() for line in lines], fontsize=8)
+    axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=7)
+    axes[1].legend(lines, [line.get_label() for line in lines], loc="upper center", bbox_to_anchor=(0.5, -0.22),
+                   fontsize=7)
     for axis in axes:
         axis.grid(True, alpha=0.3)
+        integer_ticks(axis)
     figure.suptitle(title)
     figure.tight_layout()
     return figure
 
 
+@styled
 def bound_figure(results, title="Theorem 3.2: measured gap against the bound"):
     """Per label: every draw's measured gap L(f_hat) - L_hat(f_hat) (dots), its mean, and the bound (line)."""
-    figure, axes = plt.subplots(1, 2, figsize=(12, 4))
+    figure, axes = plt.subplots(1, 2, figsize=(COLUMN, 4.2))
     for (label, result), colour in zip(results.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"]):
         sizes = result["sample_sizes"]
-        for axis, measured, bound, name in ((axes[0], "gap", "gap_bound", "L(f_hat) - L_hat(f_hat)"),
-                                            (axes[1], "excess", "excess_bound", "L(f_hat) - L(f*)")):
+        for axis, measured, bound, name in ((axes[0], "gap", "gap_bound", "$L(\\hat f) - \\hat L(\\hat f)$"),
+                                            (axes[1], "excess", "excess_bound", "$L(\\hat f) - L(f^*)$")):
             for N, values in zip(sizes, result[measured]):
                 positive = [v for v in values if v > 0]
                 axis.scatter([N] * len(positive), positive, s=4, alpha=0.25, color=colour)
             axis.plot(sizes, [max(v) for v in result[measured]], color=colour, marker="o", label=f"{label}: largest measured")
             axis.plot(sizes, [min(b) for b in result[bound]], color=colour, linestyle="--", label=f"{label}: bound (smallest over draws)")
-            axis.set(xscale="log", yscale="log", xlabel="N (demonstrations)", title=name)
+            axis.set(xscale="log", yscale="log", xlabel="$N$ (demonstrations)", title=name)
     for axis in axes:
         axis.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=7)
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=2, fontsize=7)
     figure.suptitle(title)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.04 + 0.035 * math.ceil(len(labels) / 2), 1, 1))
     return figure
 
 
@@ -234,17 +283,20 @@ def _test_panel(axis, result, named_curves, normal, *, legend=True):
     low = max(FLOOR, 0.5 * float(finite.min())) if finite.numel() else FLOOR
     axis.set_ylim(low * 0.8, max(2.0, 1.5 * float(finite.max())) if finite.numel() else 2.0)
     axis.set(yscale="log", xlabel="epoch (16384 tokens)", ylabel="test MSE / label variance")
+    integer_ticks(axis)
     axis.grid(True, which="both", alpha=0.3)
     if legend:
-        axis.legend(fontsize=6.5, loc="lower left", ncol=2)
+        # below the panel: the curves it would hide are the point of the figure
+        axis.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
 
 
+@styled
 def experiment_figure(result, groups, *, title, seed=None, equivalence=True):
     """The equivalence curve (Fig. 3, left), then one test-loss panel per group (normal model dashed
     in each, baselines as horizontal lines), two a row; ``seed=None`` pools the seeds."""
     count = len(groups) + int(equivalence)
     rows = math.ceil(count / 2)
-    figure, axes = plt.subplots(rows, 2, figsize=(11, 4.2 * rows), squeeze=False)
+    figure, axes = plt.subplots(rows, 2, figsize=(COLUMN, 5.2 * rows), squeeze=False)
     axes = list(axes.ravel())
     for unused in axes[count:]:
         unused.set_visible(False)
@@ -260,9 +312,10 @@ def experiment_figure(result, groups, *, title, seed=None, equivalence=True):
     return figure
 
 
+@styled
 def seeds_figure(result, groups, seeds, *, title):
     """Fig. 10: one row per seed, one test-loss panel per group."""
-    figure, axes = plt.subplots(len(seeds), len(groups), figsize=(4.2 * len(groups), 3.3 * len(seeds)), squeeze=False)
+    figure, axes = plt.subplots(len(seeds), len(groups), figsize=(COLUMN, 2.6 * len(seeds) + 1.8), squeeze=False)
     for row, seed in zip(axes, seeds):
         for axis, group in zip(row, groups):
             _test_panel(axis, result, experiments.curves(result, group, seed), _partner_curves(result, group, seed),
@@ -273,10 +326,11 @@ def seeds_figure(result, groups, seeds, *, title):
     return figure
 
 
+@styled
 def combinations_figure(results, *, title="Fig. 13: combinations of modifications"):
     """One test-loss panel per task: the combinations against the normal model and the baselines."""
-    figure, axes = plt.subplots(1, len(results), figsize=(4.8 * len(results), 4.2), squeeze=False)
-    for axis, (task, result) in zip(axes[0], results.items()):
+    figure, axes = plt.subplots(len(results), 1, figsize=(COLUMN, 4.6 * len(results)), squeeze=False)
+    for axis, (task, result) in zip(axes[:, 0], results.items()):
         _test_panel(axis, result, experiments.curves(result, "combination"), _partner_curves(result, "combination"))
         axis.set_title(task)
     figure.suptitle(title)
@@ -284,9 +338,10 @@ def combinations_figure(results, *, title="Fig. 13: combinations of modification
     return figure
 
 
+@styled
 def variants_figure(result, group, names, *, title):
     """Test curves of the chosen variants of one group against the normal model (an explorer frame)."""
-    figure, axis = plt.subplots(figsize=(6.4, 3.8))
+    figure, axis = plt.subplots(figsize=(6.4, 5.0))
     chosen = {name: losses for name, losses in experiments.curves(result, group).items() if name in names}
     _test_panel(axis, result, chosen, _partner_curves(result, group))
     axis.set_title(title)
@@ -297,13 +352,15 @@ def variants_figure(result, group, names, *, title):
 OFF_SCALE = 3.0   # paired differences beyond this (diverging runs) are drawn at the edge with an arrow
 
 
+@styled
 def paired_figure(results, *, no_effect, title):
     """Per task, every variant's median paired difference to the normal model (normalised test
     loss, variant - normal) with its bootstrap 95% interval; the +-``no_effect`` band is shaded.
     ``results`` maps a task to rows of :func:`icl_lens.claims.variant_rows`."""
     heights = [max(2.5, 0.24 * len(rows) + 1.0) for rows in results.values()]
-    figure, axes = plt.subplots(1, len(results), figsize=(5.0 * len(results), max(heights)), squeeze=False)
-    for axis, (task, rows) in zip(axes[0], results.items()):
+    figure, axes = plt.subplots(len(results), 1, figsize=(COLUMN, sum(heights)), squeeze=False,
+                                gridspec_kw={"height_ratios": heights})
+    for axis, (task, rows) in zip(axes[:, 0], results.items()):
         for position, row in enumerate(rows):
             median, (low, high) = row["median_difference"], row["interval"]
             if median is None or low is None or high is None:
@@ -329,10 +386,11 @@ def paired_figure(results, *, no_effect, title):
     return figure
 
 
+@styled
 def convergence_figure(studies):
     """Per task, each seed's normal model: normalised test loss against the epochs of a long run,
     the saved run's epoch count marked."""
-    figure, axes = plt.subplots(1, len(studies), figsize=(5.2 * len(studies), 3.8), squeeze=False)
+    figure, axes = plt.subplots(1, len(studies), figsize=(COLUMN, 3.6), squeeze=False)
     for axis, (kind, study) in zip(axes[0], studies.items()):
         record = study["record"]
         curves = experiments.curves(record, "normal")["normal"]
@@ -342,6 +400,7 @@ def convergence_figure(studies):
         axis.axhline(1.0, color="grey", linewidth=1.0)
         axis.set(yscale="log", xlabel="epoch (16384 tokens)", ylabel="test MSE / label variance",
                  title=f"{kind}: normal model, long run")
+        integer_ticks(axis)
         axis.grid(True, which="both", alpha=0.3)
         axis.legend(fontsize=7)
     figure.tight_layout()
@@ -360,11 +419,12 @@ def _steps_panel(axis, entry, key, *, scale, label, colour):
     _median_band(axis, steps, values, color=colour, label=label)
 
 
+@styled
 def multitask_figure(record, *, title):
     """Across tasks: (a) von Oswald's setting, test loss and Model Cos against steps; (b) the paper's
     task drawn per prompt, every layer's test loss; (c) loss against the number of demonstrations;
     (d) the paper's own optimiser. Losses are divided by the label variance; lines are baselines."""
-    figure, axes = plt.subplots(2, 2, figsize=(10, 7.2))
+    figure, axes = plt.subplots(2, 2, figsize=(COLUMN, 7.0))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     settings = record["settings"]
     panels = (("(a) von Oswald et al.'s setting (d = 10, N = 10)", ["von Oswald (linear attention)"]),
@@ -384,6 +444,7 @@ def multitask_figure(record, *, title):
             level = float(torch.tensor([r["baselines"][baseline] for r in entry["runs"]]).median())
             axis.axhline(level / entry["label_variance"], color="0.35", linestyle=style, linewidth=1, label=baseline)
         axis.set(title=panel_title, xlabel="training step", ylabel="test loss / label variance", ylim=(-0.03, 1.25))
+        integer_ticks(axis)
         axis.legend(fontsize=7, loc="lower right", ncol=2)
     axis = axes[1, 0]
     curves = [r["demos_curve"] for n in panels[1][1] for r in settings[n]["runs"] if "demos_curve" in r]
@@ -400,6 +461,7 @@ def multitask_figure(record, *, title):
     axis.axvline(settings["paper task (linear)"]["distribution"]["num_demos"], color="0.7", linewidth=0.8)
     axis.set(title="(c) against N (layers trained at N = 15)", xlabel="demonstrations N",
              ylabel="test loss / label variance", ylim=(-0.03, 1.6))
+    integer_ticks(axis)
     axis.legend(fontsize=7, loc="upper right")
     figure.suptitle(title)
     figure.tight_layout()
@@ -410,17 +472,18 @@ CLOSENESS_MEASURES = (("loss", "test loss / label variance"), ("preds_diff", "Pr
                       ("model_diff", "Model Diff"), ("model_cos", "Model Cos"))
 
 
+@styled
 def softmax_layer_figure(record, *, title):
     """Li et al.'s panels, rebuilt: for each document length, the trained layers' test loss and
     the three measures against GD* over training (median and quartiles over seeds), with the
     baselines as lines; below, the final test loss against d."""
-    lengths = list(record["lengths"])
-    figure = plt.figure(figsize=(12, 3.0 * (len(lengths) + 1)))
-    grid = figure.add_gridspec(len(lengths) + 1, 4)
+    lengths = sorted(record["lengths"], key=int)   # JSON keys come back in string order
+    figure = plt.figure(figsize=(COLUMN, 2.6 * (2 * len(lengths) + 1)))
+    grid = figure.add_gridspec(2 * len(lengths) + 1, 2)
     colours = dict(zip(("softmax", "linear"), plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     for row, n in enumerate(lengths):
-        for column, (key, label) in enumerate(CLOSENESS_MEASURES):
-            axis = figure.add_subplot(grid[row, column])
+        for place, (key, label) in enumerate(CLOSENESS_MEASURES):
+            axis = figure.add_subplot(grid[2 * row + place // 2, place % 2])
             for attention, runs in record["lengths"][n].items():
                 scales = [r["label_variance"] if key == "loss" else 1.0 for r in runs]
                 values = torch.tensor([[math.nan if x is None else x / s for x in r[key]]
@@ -438,10 +501,11 @@ def softmax_layer_figure(record, *, title):
                     level = float(torch.tensor([r["baselines"][name] / r["label_variance"] for r in runs]).median())
                     axis.axhline(level, color="0.35", linestyle=style, linewidth=1, label=name)
                 axis.set_ylim(0, 1.2)
-            axis.set(title=f"n = {n}: {label}", xlabel="training step")
-            if column == 0:
-                axis.legend(fontsize=7)
-    axis = figure.add_subplot(grid[len(lengths), :2])
+            axis.set(title=f"$n$ = {n}: {label}", xlabel="training step")
+            integer_ticks(axis)
+            if place == 0:
+                axis.legend(fontsize=6.5)
+    axis = figure.add_subplot(grid[2 * len(lengths), :])
     dims = sorted(record["dims"], key=int)
     for attention in layer_names(record):
         values = torch.tensor([[multitask.final(r, "loss") / r["label_variance"] for r in record["dims"][d][attention]]
@@ -455,15 +519,42 @@ def softmax_layer_figure(record, *, title):
     _median_band(axis, [int(d) for d in dims], linear, color="0.6", linestyle="-.", label="linearised GD step",
                  marker="^")
     _median_band(axis, [int(d) for d in dims], gd, color="0.35", linestyle="--", label="one GD step (lr*)", marker="s")
-    axis.set(title=f"final test loss against d (n = {lengths[0]})", xlabel="d", ylabel="test loss / label variance",
+    axis.set(title=f"final test loss against $d$ ($n$ = {record['study']['lengths'][0]})", xlabel="$d$",
+             ylabel="test loss / label variance",
              ylim=(0, 1.2))
     axis.set_xticks([int(d) for d in dims], [d for d in dims])
     axis.legend(fontsize=7)
     figure.suptitle(title)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0, 1, 0.98))   # room for the title
     return figure
 
 
 def layer_names(record):
     """The layers a closeness record holds, in the order they were run."""
     return list(next(iter(record["dims"].values())))
+
+
+@styled
+def seed_runs_figure(runs, scales, baselines, *, title):
+    """One setting, every seed (an explorer frame): test loss divided by ``scales[i]`` (left) and
+    Model Cos against one GD step (right) over training; ``baselines`` maps a name to the key in
+    each run's ``baselines`` drawn as a dotted level (median over seeds)."""
+    figure, axes = plt.subplots(1, 2, figsize=(COLUMN, 3.2))
+    for run, scale in zip(runs, scales):
+        seed = run.get("config", {}).get("seed", len(axes[0].lines))
+        line, = axes[0].plot(run["steps"], [math.nan if x is None else x / scale for x in run["loss"]],
+                             linewidth=1, label=f"seed {seed}")
+        axes[1].plot(run["steps"], [math.nan if x is None else x for x in run["model_cos"]], linewidth=1,
+                     color=line.get_color())
+    for (name, key), style in zip(baselines.items(), (":", "--", "-.", (0, (1, 3)))):
+        level = float(torch.tensor([r["baselines"][key] / s for r, s in zip(runs, scales)]).median())
+        axes[0].axhline(level, color="0.35", linestyle=style, linewidth=1, label=name)
+    axes[0].set(xlabel="training step", ylabel="test loss / label variance", ylim=(0, 1.3), title="test loss")
+    axes[1].set(xlabel="training step", ylabel="Model Cos", ylim=(-0.05, 1.05), title="Model Cos against GD*")
+    axes[0].legend(fontsize=6.5, ncol=2, loc="upper right")
+    for axis in axes:
+        integer_ticks(axis)
+        axis.grid(True, alpha=0.3)
+    figure.suptitle(title)
+    figure.tight_layout()
+    return figure

@@ -125,29 +125,30 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
                       f"{time.perf_counter() - start:.1f} s\n")
     study = rank = None
     if "claims" in names or "fig14" in names:
-        if reuse and (Path(out) / "fig14.json").exists():
+        if reuse and (Path(out) / "fig14.json").exists():   # redraw only
             rank = load_result(out, "fig14")
         else:
             config = ffn_rank.TrainedRankConfig()
             rank = ffn_rank.trained_rank_bound(config.quick() if quick else config, progress=log is not None)
-            figure = plots.rank_bound_figure(rank, paper_saturation=rank["paper_saturation"])
-            written["fig14"] = save_result(out, "fig14", rank, figure)
+        figure = plots.rank_bound_figure(rank, paper_saturation=rank["paper_saturation"])
+        written["fig14"] = save_result(out, "fig14", rank, figure)
     for name in names:
         if name in ("fig3", "fig11", "fig12"):
             result = tasks[TASK_OF_FIGURE[name][0]]
-            title = (f"{name}: {result['task']} task, {result['config']['epochs']} epochs, "
-                     f"median and quartiles over seeds {result['config']['seeds']}")
+            title = (f"Fig. {name[3:]}: {result['task']} task, {result['config']['epochs']} epochs, "
+                     f"median and quartiles over {len(result['config']['seeds'])} seeds")
             figure = plots.experiment_figure(result, PANELS, title=title)
             written[name] = save_result(out, name, figure_numbers(result, PANELS), figure)
         elif name == "fig10":
             result = tasks["linear"]
             seeds_shown = result["config"]["seeds"]
             figure = plots.seeds_figure(result, PANELS, seeds_shown,
-                                        title=f"fig10: linear task, {result['config']['epochs']} epochs, one seed a row")
+                                        title=f"Fig. 10: linear task, {result['config']['epochs']} epochs, one seed a row")
             written[name] = save_result(out, name, figure_numbers(result, PANELS), figure)
         elif name == "fig13":
             epochs = {kind: r["config"]["epochs"] for kind, r in tasks.items()}
-            figure = plots.combinations_figure(tasks, title=f"fig13: combinations (epochs {epochs})")
+            epochs = ", ".join(f"{kind} {count}" for kind, count in epochs.items())
+            figure = plots.combinations_figure(tasks, title=f"Fig. 13: combinations (epochs: {epochs})")
             numbers = {kind: figure_numbers(result, ("combination",)) for kind, result in tasks.items()}
             written[name] = save_result(out, name, numbers, figure)
         elif name == "paired":
@@ -157,9 +158,12 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
             written[name] = save_result(out, name, rows, figure)
         elif name in APPROXIMATION_FIGURES or name == "claims":
             if study is None:
-                study = approximation_study(tasks["linear"], quick=quick, device=device)
+                if reuse and (Path(out) / "fig6-8.json").exists():   # redraw only
+                    study = load_result(out, "fig6-8")
+                else:
+                    study = approximation_study(tasks["linear"], quick=quick, device=device)
                 figure = plots.approximation_error_figure(
-                    study, title=f"figs 6-8: random features, {approximation_config(quick).repeats} repeats")
+                    study, title=f"Figs. 6-8: random features, median and quartiles of {approximation_config(quick).repeats} repeats")
                 written["approximation"] = save_result(out, "fig6-8", study, figure)
             if name == "claims":
                 verdicts = [claims.equivalence_claim(tasks), *claims.evaluate(tasks),
@@ -172,6 +176,9 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
             written.setdefault(name, {"json": Path(out) / "fig14.json"})
         elif name == "fig9":
             written[name] = save_result(out, name, *heatmaps(tasks["linear"], device))
+        elif name == "convergence" and reuse and (Path(out) / "convergence.json").exists():   # redraw only
+            studies = load_result(out, "convergence")
+            written[name] = save_result(out, name, studies, plots.convergence_figure(studies))
         elif name == "convergence":
             studies = {kind: experiments.convergence_study(
                 kind, epochs=None if not quick else 8, device=device, workers=workers,
@@ -189,7 +196,7 @@ def chapter_study(name, out, *, quick, device, reuse, log, workers=1, seeds=None
     (``reuse``: redraw from the JSON already in ``out``)."""
     module = {"multitask": multitask, "softmax-regression": closeness}[name]
     file = STUDY_FILES[name]
-    if reuse and (Path(out) / f"{file}.json").exists():
+    if reuse and (Path(out) / f"{file}.json").exists():   # redraw only
         record = load_result(out, file)
     else:
         start = time.perf_counter()

@@ -41,7 +41,7 @@ def to_plain(value):
     return value
 
 
-def save_result(folder, name, data, figure=None, dpi=110):
+def save_result(folder, name, data, figure=None, dpi=160):
     """Write ``name.json`` (sorted keys, so the same numbers give the same bytes) and ``name.png``.
 
     Returns the paths written. The figure is closed, so a notebook shows it once, from the file.

@@ -8,7 +8,7 @@ image per slider position ahead of time and links the slider to a ``Stack`` of i
 import io
 
 
-def figure_png(figure, dpi=90):
+def figure_png(figure, dpi=110):
     """PNG bytes of a matplotlib figure, which is then closed."""
     import matplotlib.pyplot as plt
 
@@ -19,20 +19,23 @@ def figure_png(figure, dpi=90):
 
 
 def frame_explorer(render, options, *, description):
-    """A slider over ``options`` whose frames (``render(option)`` figures) are precomputed.
+    """A slider over ``options`` whose frames (``render(option)`` figures) are precomputed; a
+    drop-down list instead when the options are names (a slider's readout would cut them).
 
-    Works without a kernel: the slider's ``index`` is linked to the ``Stack`` on the client side.
+    Works without a kernel: the control's ``index`` is linked to the ``Stack`` on the client side.
     """
     import ipywidgets as widgets
 
     if not options:
         raise ValueError("options must hold at least one value")
-    frames = [widgets.Image(value=figure_png(render(option)), format="png") for option in options]
+    # frames scale down to the text column instead of scrolling sideways
+    fit = widgets.Layout(max_width="100%", height="auto", margin="0")
+    frames = [widgets.Image(value=figure_png(render(option)), format="png", layout=fit) for option in options]
     stack = widgets.Stack(frames, selected_index=0)
-    slider = widgets.SelectionSlider(
+    control = widgets.Dropdown if any(isinstance(option, str) for option in options) else widgets.SelectionSlider
+    slider = control(
         options=[(str(option), position) for position, option in enumerate(options)],
         description=description,
-        continuous_update=True,
         style={"description_width": "initial"},
     )
     note = widgets.HTML(

@@ -2,7 +2,10 @@
 
 For each page: no JavaScript error, no request leaves the machine, MathJax typesets its math with no
 error node, every image loads, every internal link points at a file of the build, and pages with
-widgets render them from the embedded state. A screenshot of each page goes to ``screenshots/``.
+widgets render them from the embedded state. Nothing is wider than its box (a code line, a printed
+line, a display equation, a table or an image that a reader would have to scroll sideways to
+read), and no live explorer (an ipywidgets ``interactive``, which needs a kernel) is on the page.
+A screenshot of each page goes to ``screenshots/``.
 """
 
 import pathlib
@@ -24,6 +27,24 @@ def html_pages(built_book):
                    if "_static" not in p.parts and p.name not in {"search.html", "genindex.html"})
     assert len(pages) >= 10
     return built_book, pages
+
+
+# elements whose content is wider than the box they are shown in (2 px of slack for rounding);
+# MathJax puts a display equation in an mjx-container that scrolls; images are scaled by CSS,
+# so for them it is the rendered width against the text column's
+OVERFLOW_SCRIPT = """() => {
+  const found = [];
+  const column = document.querySelector('article') || document.body;
+  const right = column.getBoundingClientRect().right;
+  const boxes = 'pre, mjx-container[display="true"], table, .cell_output img, .widget-box';
+  for (const el of column.querySelectorAll(boxes)) {
+    const box = el.tagName === 'IMG' ? el.getBoundingClientRect().right - right : el.scrollWidth - el.clientWidth;
+    if (box > 2 && el.offsetParent !== null) {
+      found.push(el.tagName.toLowerCase() + ': ' + (el.textContent || el.src || '').trim().slice(0, 60));
+    }
+  }
+  return found;
+}"""
 
 
 def check_page(browser, html, page_path, screenshots):
@@ -60,6 +81,8 @@ def check_page(browser, html, page_path, screenshots):
     if has_widgets:
         page.wait_for_selector(".widget-slider, .jupyter-widgets", timeout=20000)
     rendered_widgets = page.evaluate("() => document.querySelectorAll('.widget-slider, .widget-dropdown').length")
+    live_controls = page.evaluate("() => document.querySelectorAll('.widget-interact').length")
+    too_wide = page.evaluate(OVERFLOW_SCRIPT)
     page.screenshot(path=str(screenshots / f"{page_path.stem}.png"), full_page=False)
     page.close()
 
@@ -83,6 +106,10 @@ def check_page(browser, html, page_path, screenshots):
             problems.append(f"broken internal link {href}")
     if has_widgets and not rendered_widgets:
         problems.append("widget state embedded but no widget rendered")
+    if live_controls:
+        problems.append(f"{live_controls} live explorer(s) that need a kernel")
+    if too_wide:
+        problems.append(f"wider than their box: {too_wide[:4]}")
     return problems, {"math": typeset, "images": len(images), "widgets": rendered_widgets}
 
 
@@ -115,14 +142,19 @@ def test_the_checker_catches_a_broken_page(tmp_path):
     assert CHROMIUM
     page_path = tmp_path / "broken.html"
     page_path.write_text(
-        "<html><body><img src='missing.png'><a href='nowhere.html'>x</a>"
+        "<html><body><article style='width:300px'><pre style='overflow:auto'>" + "x" * 200 + "</pre>"
+        "<div class='widget-interact'>a live explorer</div>"
+        "<div class='widget-box' style='width:100px;overflow:auto'><div style='width:400px'>frame</div></div>"
+        "</article>"
+        "<img src='missing.png'><a href='nowhere.html'>x</a>"
         "<script src='https://cdn.example.invalid/x.js'></script><script>undefined_function()</script></body></html>")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         problems, _ = check_page(browser, tmp_path, page_path, tmp_path)
         browser.close()
     text = " ".join(problems)
-    for expected in ("JavaScript errors", "requests off the machine", "images not loaded", "broken internal link"):
+    for expected in ("JavaScript errors", "requests off the machine", "images not loaded", "broken internal link",
+                     "wider than their box", "live explorer"):
         assert expected in text, (expected, problems)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from icl_lens import baselines, multitask
-from icl_lens.attention import kernel_attention
+from icl_lens.attention import kernel_attention, softmax_attention
 from icl_lens.device import generator
 from icl_lens.dual import dual_model
 from icl_lens.kernels import PositiveRandomFeatures
@@ -59,6 +59,34 @@ def test_linear_layer_with_von_oswald_weights_is_one_gd_step():
         layer.W_V[0, -1, -1] = -eta   # wrong sign: no longer the step
         wrong = multitask.predict(layer, x_context, y_context, x_query)
         assert not torch.allclose(wrong, baselines.one_step_gd(x_context, y_context, x_query, eta), atol=1e-3)
+
+
+@pytest.mark.parametrize("attention", multitask.ATTENTIONS)
+def test_reordered_layer_equals_the_attention_formulas_for_every_row(attention):
+    """attend moves the query through W_Q^T W_K and applies the weights before W_V (for speed):
+    the outputs must be those of icl_lens.attention (and of the linear form), for the query row
+    and for every row at once; a transposed W_K must not give them."""
+    x_context, y_context, x_query, _ = prompts(count=6)
+    tokens = multitask.prompt_tokens(x_context, y_context, x_query)
+    config = multitask.MultitaskConfig(attention=attention, init_std=0.4, heads=2)
+    layer = multitask.AttentionLayer(11, config, dtype=torch.float64)
+
+    def formula(queries, W_Q, W_K, W_V):
+        if attention == "softmax":
+            return softmax_attention(queries, tokens, W_Q, W_K, W_V)
+        if attention == "random-features":
+            features = PositiveRandomFeatures(layer.omega)
+            return kernel_attention(queries, tokens, W_Q, W_K, W_V, feature_map=features)
+        scores = (queries @ W_Q.T) @ (tokens @ W_K.T).transpose(-1, -2)
+        return scores @ (tokens @ W_V.T) / (tokens.shape[-2] - 1)
+
+    with torch.no_grad():
+        for queries in (tokens[:, -1:], tokens):
+            found = layer.attend(queries, tokens)
+            for head, (W_Q, W_K, W_V) in enumerate(zip(layer.W_Q, layer.W_K, layer.W_V)):
+                assert torch.allclose(found[head], formula(queries, W_Q, W_K, W_V), atol=1e-12)
+            wrong = formula(queries, layer.W_Q[0], layer.W_K[0].T, layer.W_V[0])
+            assert (found[0] - wrong).abs().max() > 1e-3
 
 
 def test_measures_are_zero_and_one_against_gd_itself_and_flip_for_its_negative():
@@ -151,6 +179,10 @@ def test_bad_arguments_name_themselves():
         multitask.MultitaskConfig(attention="cosine")
     with pytest.raises(ValueError, match="optimizer"):
         multitask.MultitaskConfig(optimizer="lion")
+    with pytest.raises(ValueError, match="schedule"):
+        multitask.MultitaskConfig(schedule="cosine")
+    with pytest.raises(ValueError, match="decay_fraction"):
+        multitask.MultitaskConfig(decay_fraction=0.0)
     with pytest.raises(ValueError, match="input_low"):
         multitask.PromptDistribution(input_low=1.0, input_high=0.0)
     with pytest.raises(ValueError, match="num_prompts"):
@@ -180,3 +212,30 @@ def test_saved_full_run_is_complete_converged_and_its_verdicts_recompute():
     assert found["paper task (linear)"] == "at one GD step (lr*)"
     gaps = [r["dual_check"] for r in record["settings"]["paper task (random-features)"]["runs"]]
     assert max(gaps) < 1e-9
+
+
+def test_decay_schedule_holds_then_falls_linearly_to_zero():
+    factors = [multitask.lr_factor(step, 100, 0.2) for step in range(101)]
+    assert factors[:80] == [1.0] * 80 and factors[100] == 0.0
+    assert factors[90] == pytest.approx(0.5)
+    assert all(a >= b for a, b in zip(factors, factors[1:]))
+
+
+def test_half_length_branch_is_exactly_the_run_with_half_the_steps():
+    """The "decay" record's ``half`` must be what training for steps // 2 gives, and branching
+    must not disturb the main run (a shared optimiser state did, in a first version)."""
+    from dataclasses import replace
+    distribution = multitask.PromptDistribution.von_oswald()
+    config = multitask.MultitaskConfig(attention="softmax", steps=120, batch=16, test_prompts=64,
+                                       checkpoints=4, schedule="decay", seed=5)
+    _, long = multitask.train_layer(distribution, config)
+    _, short = multitask.train_layer(distribution, replace(config, steps=60, checkpoints=2))
+    _, constant = multitask.train_layer(distribution, replace(config, schedule="constant"))
+    assert long["half"]["steps"] == 60
+    assert long["half"]["loss"] == short["loss"][-1]
+    assert long["half"]["model_cos"] == short["model_cos"][-1]
+    assert long["loss"][0] == constant["loss"][0]           # step 30: both still at the full rate
+    assert long["loss"][-1] != long["half"]["loss"]
+    verdict = multitask.converged(long, 1.0)
+    assert verdict["improvement"] == pytest.approx(long["half"]["loss"] - long["loss"][-1])
+    assert multitask.final(long, "loss") == long["loss"][-1]

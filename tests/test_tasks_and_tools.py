@@ -136,5 +136,9 @@ def test_frame_explorer_links_slider_to_frames():
     # the link is made in the browser (jslink); here we check what it joins
     assert box.link.source == (slider, "index")
     assert box.link.target == (stack, "selected_index")
+    assert isinstance(slider, widgets.SelectionSlider)
+    named = frame_explorer(render, ["n = 25, softmax", "n = 200, linear"], description="run")
+    assert isinstance(named.children[0], widgets.Dropdown)   # names are not cut by a readout
+    assert named.link.source == (named.children[0], "index")
     with pytest.raises(ValueError, match="options"):
         frame_explorer(render, [], description="n")

@@ -7,6 +7,10 @@
    the book serves MathJax 3, which has no ``Hub``. ``icl_lens_shims.js`` maps the call to MathJax 3.
 3. The HTML manager loads its icon fonts from ``<page folder>/@jupyter-widgets/html-manager/dist/``;
    copy them there from the vendored package.
+4. The package's docstrings are plain text written for ``help()`` (norms as ``|x|``, products as
+   ``a * b``, formulas indented on lines of their own). For the API reference, autodoc reads them
+   as reStructuredText: ``plain_docstring`` escapes the characters that reStructuredText would take
+   as markup and turns indented formula lines into literal blocks, so that they show as written.
 """
 
 import pathlib
@@ -61,8 +65,50 @@ def copy_widget_fonts(outdir, srcdir):
             shutil.copy2(font, target / font.name)
 
 
+LIST_ITEM = re.compile(r"^\s*([*-]|\d+\.)\s")
+LITERAL = re.compile(r"(``.+?``|:\w+:`[^`]+`)")
+
+
+def escape_markup(line):
+    """Backslash ``|`` and ``*`` outside ``literals`` and roles; a leading list bullet stays."""
+    bullet = LIST_ITEM.match(line)
+    head, rest = (line[:bullet.end()], line[bullet.end():]) if bullet else ("", line)
+    parts = LITERAL.split(rest)
+    for k in range(0, len(parts), 2):   # even parts are outside literals
+        parts[k] = parts[k].replace("\\", "\\\\").replace("|", "\\|").replace("*", "\\*")
+    return head + "".join(parts)
+
+
+def plain_docstring(app, what, name, obj, options, lines):
+    """Rewrite ``lines`` in place: escaped paragraphs, literal blocks for indented lines that do
+    not continue a list item (autodoc has already removed the docstring's common indentation)."""
+    out, in_block, item_open = [], False, False
+    for line in lines:
+        indented = line.startswith(" ") and line.strip()
+        if not line.strip():
+            out.append(line)
+            continue
+        if indented and (in_block or not item_open):
+            if not in_block:
+                if out and out[-1].strip():
+                    out.append("")
+                out += ["::", ""]
+                in_block = True
+            out.append("    " + line)
+            continue
+        if in_block and out[-1].strip():
+            out.append("")
+        in_block = False
+        if not indented:
+            item_open = bool(LIST_ITEM.match(line))
+        out.append(escape_markup(line))
+    lines[:] = out
+
+
 def setup(app):
     app.connect("build-finished", fix_pages)
+    app.connect("autodoc-process-docstring", plain_docstring)
     app.connect("builder-inited", lambda app: app.config.html_static_path.append(str(HERE / "static")))
     app.add_js_file("icl_lens_shims.js", loading_method="defer", priority=900)
+    app.add_css_file("icl_lens_book.css")
     return {"parallel_read_safe": True, "parallel_write_safe": True}
