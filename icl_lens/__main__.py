@@ -1,4 +1,5 @@
-"""Command line: ``python -m icl_lens reproduce fig3 [--quick] [--device auto] [--seeds 0 1 2 3 4] [--out DIR]``."""
+"""Command line: ``python -m icl_lens reproduce fig3 [--quick] [--device auto] [--seeds 0 1 2 3 4] [--out DIR]``
+and ``python -m icl_lens glue --task rte --alpha 0.1 ... [--model PATH_OR_NAME] [--data DIR]`` (R&L Table 1)."""
 
 import argparse
 import sys
@@ -25,7 +26,22 @@ def main(argv=None):
     command.add_argument("--reuse", action="store_true",
                          help="draw from the task_*.json records already in --out instead of training")
     command.add_argument("--out", help="output folder (default results/experiments[-quick])")
+    glue = commands.add_parser("glue", help="fine-tune a modified BERT on a GLUE task (Table 1)")
+    glue.add_argument("--task", required=True, choices=["cola", "mrpc", "stsb", "rte"])
+    for name, default in (("alpha", 0.0), ("value-branch", 0.0), ("key-branch", 0.0), ("negative-ratio", 0.0),
+                          ("beta", 0.0)):
+        glue.add_argument(f"--{name}", type=float, default=default, help=f"modify_bert's {name.replace('-', '_')}")
+    glue.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    glue.add_argument("--model", default="bert-base-uncased", help="hub name or local checkpoint folder")
+    glue.add_argument("--data", help="a GLUE task saved with datasets' save_to_disk (instead of the hub)")
+    glue.add_argument("--epochs", type=int, default=5)
+    glue.add_argument("--batch-size", type=int, default=32)
+    glue.add_argument("--lr", type=float, default=2e-5)
+    glue.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
+    glue.add_argument("--out", help="output folder (default results/glue)")
     args = parser.parse_args(argv)
+    if args.command == "glue":
+        return run_glue(parser, args)
     out = args.out or results_dir("experiments-quick" if args.quick else "experiments")
     start = time.perf_counter()
     try:
@@ -36,6 +52,25 @@ def main(argv=None):
     for name, paths in written.items():
         print(f"{name}: {', '.join(str(p) for p in paths.values())}")
     print(f"done in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+
+
+def run_glue(parser, args):
+    from icl_lens import glue
+    from icl_lens.reproduce import check_output_folder
+    from icl_lens.results import save_result
+
+    switches = {"alpha": args.alpha, "value_branch": args.value_branch, "key_branch": args.key_branch,
+                "negative_ratio": args.negative_ratio, "beta": args.beta}
+    try:
+        out = check_output_folder(args.out or results_dir("glue"))
+        config = glue.GlueConfig(task=args.task, model=args.model, data=args.data, seeds=tuple(args.seeds),
+                                 switches={k: v for k, v in switches.items() if v}, batch=args.batch_size,
+                                 lr=args.lr, epochs=args.epochs)
+        record = glue.run(config, device=args.device, progress=True)
+    except (ValueError, RuntimeError) as error:   # missing data, model or library: a message, no traceback
+        parser.error(str(error))
+    paths = save_result(out, f"glue_{args.task}", record)
+    print(f"glue {args.task}: {paths['json']}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ image per slider position ahead of time and links the slider to a ``Stack`` of i
 import io
 
 
-def figure_png(figure, dpi=110):
+def figure_png(figure, dpi=150):
     """PNG bytes of a matplotlib figure, which is then closed."""
     import matplotlib.pyplot as plt
 

@@ -47,7 +47,9 @@ OVERFLOW_SCRIPT = """() => {
 }"""
 
 
-def check_page(browser, html, page_path, screenshots):
+def check_page(browser, html, page_path, screenshots, *, source_listing=False):
+    """The problems of one page; a ``source_listing`` (viewcode's copy of a module) may scroll
+    sideways, as an editor would."""
     page = browser.new_page(viewport={"width": 1280, "height": 1600})
     errors, remote = [], []
     page.on("pageerror", lambda error: errors.append(str(error)))
@@ -108,7 +110,7 @@ def check_page(browser, html, page_path, screenshots):
         problems.append("widget state embedded but no widget rendered")
     if live_controls:
         problems.append(f"{live_controls} live explorer(s) that need a kernel")
-    if too_wide:
+    if too_wide and not source_listing:
         problems.append(f"wider than their box: {too_wide[:4]}")
     return problems, {"math": typeset, "images": len(images), "widgets": rendered_widgets}
 
@@ -123,14 +125,16 @@ def test_every_page_in_chromium(html_pages):
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         for page_path in pages:
-            problems, counts = check_page(browser, html, page_path, screenshots)
-            report[page_path.name] = counts
+            problems, counts = check_page(browser, html, page_path, screenshots,
+                                          source_listing="_modules" in page_path.parts)
+            report[str(page_path.relative_to(html))] = counts
             if problems:
                 failures[str(page_path.relative_to(html))] = problems
         browser.close()
     print(report)
     assert not failures, failures
-    chapters = [name for name in report if name not in {"index.html", "references.html"}]
+    chapters = [name for name in report if name.startswith("book/")
+                and name not in {"book/references.html", "book/api.html"}]
     assert sum(report[name]["math"] > 0 for name in chapters) >= len(chapters) - 1
     assert sum(report[name]["widgets"] > 0 for name in chapters) >= 1
 

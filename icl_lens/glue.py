@@ -1,0 +1,214 @@
+"""Fine-tuning a (modified) BERT on a GLUE task: R&L Table 1 (App. E, the paragraphs around it).
+
+The paper fine-tunes bert-base-uncased on CoLA, MRPC, STS-B and RTE with batch 32, learning rate
+2e-5 and 5 epochs, and reports Matthews correlation (CoLA), F1 / accuracy (MRPC), Pearson /
+Spearman (STS-B) and accuracy (RTE) on the validation sets. :func:`fine_tune` does that for one
+seed and one setting of :func:`icl_lens.bert.modify_bert`; :func:`run` loads the data and the
+checkpoint (Hugging Face ``datasets`` and hub, or local copies) and loops over seeds. Offline,
+without local copies, it stops with a message that says what is missing and how to point it at
+copies. Needs the optional extra ``pip install -e .[bert]`` (and ``datasets`` for the real data).
+"""
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from icl_lens.bert import modify_bert
+from icl_lens.device import pick
+
+# task: (first text column, second text column or None, number of labels, metrics)
+TASKS = {
+    "cola": ("sentence", None, 2, ("matthews",)),
+    "mrpc": ("sentence1", "sentence2", 2, ("f1", "accuracy")),
+    "stsb": ("sentence1", "sentence2", 1, ("pearson", "spearman")),
+    "rte": ("sentence1", "sentence2", 2, ("accuracy",)),
+}
+# the grids of Table 1 (App. E): regularized, negative samples, and the combinations' settings
+ALPHAS = (-0.5, -0.1, 0.1, 0.5)
+NEGATIVE_RATIOS = (0.1, 0.2, 0.3)
+BETAS = (0.1, 0.2)
+
+
+@dataclass(frozen=True)
+class GlueConfig:
+    """One fine-tuning run family; defaults are the paper's settings."""
+
+    task: str = "rte"
+    model: str = "bert-base-uncased"
+    data: str = None            # a folder saved with datasets' save_to_disk, instead of the hub
+    switches: dict = field(default_factory=dict)   # keyword arguments of modify_bert
+    seeds: tuple = (0, 1, 2)
+    batch: int = 32
+    lr: float = 2e-5
+    epochs: int = 5
+    max_length: int = 128
+
+    def __post_init__(self):
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {list(TASKS)}, got {self.task!r}")
+
+
+def matthews(predicted, truth):
+    """Matthews correlation of two 0/1 label tensors (0 when a row or column of the table is empty)."""
+    p, t = predicted.double(), truth.double()
+    tp, tn = (p * t).sum(), ((1 - p) * (1 - t)).sum()
+    fp, fn = (p * (1 - t)).sum(), ((1 - p) * t).sum()
+    denominator = torch.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    return float((tp * tn - fp * fn) / denominator) if denominator > 0 else 0.0
+
+
+def f1(predicted, truth):
+    """F1 of the positive class."""
+    tp = float(((predicted == 1) & (truth == 1)).sum())
+    positives = float((predicted == 1).sum()) + float((truth == 1).sum())
+    return 2 * tp / positives if positives else 0.0
+
+
+def pearson(x, y):
+    x, y = x.double() - x.double().mean(), y.double() - y.double().mean()
+    return float((x * y).sum() / (x.norm() * y.norm()).clamp_min(1e-300))
+
+
+def ranks(x):
+    """Ranks with ties given their mean rank (as Spearman's correlation needs)."""
+    order = x.argsort()
+    ranked = torch.empty_like(x, dtype=torch.float64)
+    ranked[order] = torch.arange(len(x), dtype=torch.float64)
+    for value in x.unique():
+        tied = x == value
+        ranked[tied] = ranked[tied].mean()
+    return ranked
+
+
+def spearman(x, y):
+    return pearson(ranks(x), ranks(y))
+
+
+def metrics(task, outputs, labels):
+    """The task's GLUE metrics from the model's logits (or scores for STS-B) and the labels."""
+    if task == "stsb":
+        scores = outputs.squeeze(-1)
+        return {"pearson": pearson(scores, labels), "spearman": spearman(scores, labels)}
+    predicted = outputs.argmax(-1)
+    found = {"accuracy": float((predicted == labels).double().mean())}
+    if task == "cola":
+        found["matthews"] = matthews(predicted, labels)
+    if task == "mrpc":
+        found["f1"] = f1(predicted, labels)
+    return {name: found[name] for name in TASKS[task][3]}
+
+
+def encode(tokenizer, rows, task, max_length):
+    """Tokenised tensors and labels of ``rows`` (dicts with the task's text columns and "label")."""
+    first, second, _, _ = TASKS[task]
+    texts = [row[first] for row in rows]
+    pairs = [row[second] for row in rows] if second else None
+    encoded = tokenizer(texts, pairs, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    dtype = torch.float32 if task == "stsb" else torch.long
+    return dict(encoded), torch.tensor([row["label"] for row in rows], dtype=dtype)
+
+
+def fine_tune(model, tokenizer, train, validation, config, *, seed, device="cpu", progress=False):
+    """Fine-tune ``model`` (a sequence classifier, modified or not) on ``train`` rows with AdamW and
+    a linear decay of the learning rate, as the paper's setting; returns the validation metrics
+    after each epoch and the training loss of each step."""
+    from transformers import get_linear_schedule_with_warmup
+
+    device = pick(device)
+    model.to(device).train()
+    generator = torch.Generator().manual_seed(seed)
+    steps_per_epoch = math.ceil(len(train) / config.batch)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    schedule = get_linear_schedule_with_warmup(optimizer, 0, steps_per_epoch * config.epochs)
+    record = {"train_loss": [], "validation": []}
+    epochs = range(config.epochs)
+    if progress:
+        from tqdm.auto import tqdm
+        epochs = tqdm(epochs, desc=f"{config.task} seed {seed}", leave=False)
+    for _ in epochs:
+        order = torch.randperm(len(train), generator=generator).tolist()
+        for start in range(0, len(train), config.batch):
+            inputs, labels = encode(tokenizer, [train[i] for i in order[start:start + config.batch]], config.task,
+                                    config.max_length)
+            inputs = {key: value.to(device) for key, value in inputs.items()}
+            loss = model(**inputs, labels=labels.to(device)).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            record["train_loss"].append(loss.item())
+        record["validation"].append(evaluate(model, tokenizer, validation, config, device))
+        model.train()
+    return record
+
+
+def evaluate(model, tokenizer, rows, config, device):
+    model.eval()
+    outputs, labels = [], []
+    with torch.no_grad():
+        for start in range(0, len(rows), config.batch):
+            inputs, batch_labels = encode(tokenizer, rows[start:start + config.batch], config.task, config.max_length)
+            outputs.append(model(**{k: v.to(device) for k, v in inputs.items()}).logits.cpu())
+            labels.append(batch_labels)
+    return metrics(config.task, torch.cat(outputs), torch.cat(labels))
+
+
+def load_glue(config):
+    """(train rows, validation rows) of the GLUE task, from ``config.data`` or the hub."""
+    try:
+        import datasets
+    except ImportError:
+        raise RuntimeError("the glue command reads GLUE through the Hugging Face datasets library, which is not "
+                           "installed: pip install datasets (and the hub must be reachable, or pass --data with "
+                           "a copy saved by datasets.load_dataset('glue', TASK).save_to_disk(DIR))") from None
+    try:
+        found = datasets.load_from_disk(config.data) if config.data else datasets.load_dataset("glue", config.task)
+    except Exception as error:   # offline: connection or missing-cache errors of several kinds
+        raise RuntimeError(f"GLUE {config.task!r} could not be loaded ({type(error).__name__}: {error}). Offline, "
+                           "save a copy on a machine with the hub, datasets.load_dataset('glue', "
+                           f"'{config.task}').save_to_disk(DIR), and pass --data DIR") from None
+    return list(found["train"]), list(found["validation"])
+
+
+def load_classifier(config, num_labels):
+    """The checkpoint ``config.model`` (hub name or local folder) with a fresh classification head."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(config.model, num_labels=num_labels)
+        tokenizer = AutoTokenizer.from_pretrained(config.model)
+    except OSError as error:
+        raise RuntimeError(f"--model {config.model!r} could not be loaded ({error}). Offline, pass a local folder "
+                           "holding the checkpoint (config.json, weights, tokenizer files)") from None
+    return model, tokenizer
+
+
+def run(config, *, device="cpu", progress=False):
+    """Every seed of ``config``: fine-tune the checkpoint with ``config.switches`` and record the
+    validation metrics. Returns a JSON-ready record."""
+    train, validation = load_glue(config)
+    runs = []
+    for seed in config.seeds:
+        torch.manual_seed(seed)   # the classification head's initial weights
+        model, tokenizer = load_classifier(config, TASKS[config.task][2])
+        modify_bert(model, **config.switches, seed=seed)
+        runs.append({"seed": seed, **fine_tune(model, tokenizer, train, validation, config, seed=seed,
+                                               device=device, progress=progress)})
+    return {"config": {**asdict(config), "seeds": list(config.seeds)}, "runs": runs}
+
+
+def table_settings():
+    """The rows of Table 1: the normal model, each grid value of each modification, and the
+    combinations built from alpha = 0.1, g_1 with c = 1 and r = 0.2 / beta = 0.1."""
+    settings = {"normal": {}}
+    settings.update({f"alpha={a}": {"alpha": a} for a in ALPHAS})
+    settings.update({"g1": {"value_branch": 1.0}, "g2": {"key_branch": 1.0},
+                     "g1+g2": {"value_branch": 1.0, "key_branch": 1.0}})
+    settings.update({f"r={r} beta={b}": {"negative_ratio": r, "beta": b} for r in NEGATIVE_RATIOS for b in BETAS})
+    regularized, augmented, negative = {"alpha": 0.1}, {"value_branch": 1.0}, {"negative_ratio": 0.2, "beta": 0.1}
+    settings.update({"alpha + g1": {**regularized, **augmented}, "alpha + negative": {**regularized, **negative},
+                     "g1 + negative": {**augmented, **negative},
+                     "alpha + g1 + negative": {**regularized, **augmented, **negative}})
+    return settings
+
