@@ -82,6 +82,8 @@ def test_bad_arguments_name_themselves():
         closeness.SoftmaxRegressionTask(1, 20)
     with pytest.raises(ValueError, match="num_demos"):
         closeness.SoftmaxRegressionTask().sample(4, num_demos=3)
+    with pytest.raises(ValueError, match="reference_steps"):
+        closeness.StudyConfig(reference_steps=(100,))
 
 
 def test_saved_full_run_is_complete_and_its_verdicts_recompute():
