@@ -91,10 +91,11 @@ def negative_values(values, scores, valid, ratio, beta):
     ranked = scores.masked_fill(~valid[:, None, None, :], math.inf)           # padding sorts last
     order = ranked.argsort(dim=-1)[..., : int(counts.max())]                  # (b, h, n, k)
     used = torch.arange(order.shape[-1], device=values.device) < counts[:, None, None, None]
-    gathered = torch.gather(values.unsqueeze(2).expand(-1, -1, order.shape[2], -1, -1), 3,
-                            order.unsqueeze(-1).expand(-1, -1, -1, -1, values.shape[-1]))
-    mean = (gathered * used.unsqueeze(-1)).sum(3) / counts[:, None, None, None]
-    return values - beta * mean
+    # row i of ``share`` puts 1 / count on each token of N(i): the mean is one product with the
+    # values, (b, h, n, n) in memory rather than a (b, h, n, k, d) gather
+    weight = (used / counts[:, None, None, None].to(scores.dtype)).expand(order.shape)
+    share = torch.zeros_like(scores).scatter_(-1, order, weight)
+    return values - beta * (share @ values)
 
 
 class ModifiedSelfAttention(nn.Module):

@@ -236,6 +236,12 @@ def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1):
     return record
 
 
+def in_numeric_order(part):
+    """A record's ``lengths`` or ``dims`` with its keys in numeric order: a saved record's keys come
+    back from JSON in string order ("200" before "25")."""
+    return {key: part[key] for key in sorted(part, key=int)}
+
+
 def summary(runs):
     """Median over seeds of the final normalised losses and measures of runs (:func:`multitask.final`)."""
     def median(values):
@@ -269,23 +275,23 @@ def verdicts(record):
     """Li et al.'s claims against the saved study: one entry per document length (the softmax
     layer), loss against d, and the theorem's assumptions on real updates."""
     found = []
-    for n in sorted(record["lengths"], key=int):   # JSON keys come back in string order
-        s = summary(record["lengths"][n]["softmax"])
+    for n, layers in in_numeric_order(record["lengths"]).items():
+        s = summary(layers["softmax"])
         found.append({"claim": "a trained softmax self-attention layer and softmax regression after one GD step "
                                "give close predictions and models",
                       "where": "Li et al., NeurIPS version, experiments", "setting": f"n = {n}, d = {record['study']['d']}",
                       "measured": f"loss {s['trained layer']:.3f} vs GD* {s['one GD step (lr*)']:.3f}; "
                                   f"Model Cos {s['model_cos']:.3f}; Preds Diff {s['preds_diff']:.3f}",
                       "verdict": closeness_verdict(s)})
-    ratios = {d: summary(layers["softmax"]) for d, layers in record["dims"].items()}
+    ratios = {d: summary(layers["softmax"]) for d, layers in in_numeric_order(record["dims"]).items()}
     near = all(abs(r["trained layer"] / r["one GD step (lr*)"] - 1) <= multitask.MATCH for r in ratios.values())
-    unconverged = sorted(int(d) for d, r in ratios.items() if not r["converged"])
+    unconverged = [d for d, r in ratios.items() if not r["converged"]]
     note = f" (not converged at d = {', '.join(map(str, unconverged))})" if unconverged else ""
     found.append({"claim": "the trained layer's loss follows one GD step's as d grows",
                   "where": "Li et al., NeurIPS version, loss against d",
-                  "setting": f"n = {record['study']['lengths'][0]}, d in {sorted(int(d) for d in ratios)}",
+                  "setting": f"n = {record['study']['lengths'][0]}, d in {[int(d) for d in ratios]}",
                   "measured": ", ".join(f"d = {d}: {r['trained layer']:.2f} vs {r['one GD step (lr*)']:.2f}"
-                                        for d, r in sorted(ratios.items(), key=lambda item: int(item[0]))) + note,
+                                        for d, r in ratios.items()) + note,
                   "verdict": "agrees" if near else "disagrees"})
     small = max(r["theorem"][side]["small"] for layers in record["lengths"].values()
                 for r in layers["softmax"] for side in ("x", "A"))

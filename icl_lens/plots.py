@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.ticker import MaxNLocator
 
-from icl_lens import experiments, multitask
+from icl_lens import closeness, experiments, multitask
 
 COLUMN = 8.0   # inches: the book's text column shows a figure this wide at about 100 px an inch
 # fonts sized for that column: 9 pt on an 8-inch figure reads as about 12 px on the page
@@ -477,7 +477,7 @@ def softmax_layer_figure(record, *, title):
     """Li et al.'s panels, rebuilt: for each document length, the trained layers' test loss and
     the three measures against GD* over training (median and quartiles over seeds), with the
     baselines as lines; below, the final test loss against d."""
-    lengths = sorted(record["lengths"], key=int)   # JSON keys come back in string order
+    lengths = list(closeness.in_numeric_order(record["lengths"]))
     figure = plt.figure(figsize=(COLUMN, 2.6 * (2 * len(lengths) + 1)))
     grid = figure.add_gridspec(2 * len(lengths) + 1, 2)
     colours = dict(zip(("softmax", "linear"), plt.rcParams["axes.prop_cycle"].by_key()["color"]))
@@ -506,7 +506,7 @@ def softmax_layer_figure(record, *, title):
             if place == 0:
                 axis.legend(fontsize=6.5)
     axis = figure.add_subplot(grid[2 * len(lengths), :])
-    dims = sorted(record["dims"], key=int)
+    dims = list(closeness.in_numeric_order(record["dims"]))
     for attention in layer_names(record):
         values = torch.tensor([[multitask.final(r, "loss") / r["label_variance"] for r in record["dims"][d][attention]]
                                for d in dims], dtype=torch.float64).T
@@ -540,8 +540,8 @@ def seed_runs_figure(runs, scales, baselines, *, title):
     Model Cos against one GD step (right) over training; ``baselines`` maps a name to the key in
     each run's ``baselines`` drawn as a dotted level (median over seeds)."""
     figure, axes = plt.subplots(1, 2, figsize=(COLUMN, 3.2))
-    for run, scale in zip(runs, scales):
-        seed = run.get("config", {}).get("seed", len(axes[0].lines))
+    for index, (run, scale) in enumerate(zip(runs, scales)):
+        seed = run.get("config", {}).get("seed", index)   # closeness runs are stored in seed order
         line, = axes[0].plot(run["steps"], [math.nan if x is None else x / scale for x in run["loss"]],
                              linewidth=1, label=f"seed {seed}")
         axes[1].plot(run["steps"], [math.nan if x is None else x for x in run["model_cos"]], linewidth=1,

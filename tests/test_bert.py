@@ -83,15 +83,23 @@ def test_every_switch_off_leaves_the_model_unchanged():
     assert (after - before).abs().max() < 1e-12
 
 
-@pytest.mark.parametrize("name", list(SWITCHES))
-def test_each_modification_matches_its_formula_with_padding(name):
-    model = bert.modify_bert(tiny_bert(), **SWITCHES[name], seed=3)
+def first_layer_output(seed=0, **switches):
+    """The first modified self-attention layer of a tiny BERT on :func:`batch`, run with BERT's
+    additive padding mask: (layer, its input, the 0/1 mask, the mask as BERT passes it, output)."""
+    model = bert.modify_bert(tiny_bert(), **switches, seed=seed)
     layer = model.encoder.layer[0].attention.self
     ids, mask = batch()
     hidden = model.embeddings(input_ids=ids)
     additive = (1.0 - mask[:, None, None, :].double()) * torch.finfo(torch.float64).min
     with torch.no_grad():
         found, _ = layer(hidden, attention_mask=additive)
+    return layer, hidden, mask, additive, found
+
+
+@pytest.mark.parametrize("name", list(SWITCHES))
+def test_each_modification_matches_its_formula_with_padding(name):
+    layer, hidden, mask, additive, found = first_layer_output(seed=3, **SWITCHES[name])
+    with torch.no_grad():
         expected = by_the_formula(layer, hidden, mask, layer.modifications)
     real = mask.bool()
     assert (found - expected)[real].abs().max() < 1e-12
@@ -101,13 +109,8 @@ def test_each_modification_matches_its_formula_with_padding(name):
 
 
 def test_negatives_are_the_lowest_scored_tokens_not_the_highest():
-    model = bert.modify_bert(tiny_bert(), negative_ratio=0.3, beta=0.5)
-    layer = model.encoder.layer[0].attention.self
-    ids, mask = batch()
-    hidden = model.embeddings(input_ids=ids)
-    additive = (1.0 - mask[:, None, None, :].double()) * torch.finfo(torch.float64).min
+    layer, hidden, mask, _, found = first_layer_output(negative_ratio=0.3, beta=0.5)
     with torch.no_grad():
-        found, _ = layer(hidden, attention_mask=additive)
         wrong = by_the_formula(layer, hidden, mask, layer.modifications, lowest=False)
     assert (found - wrong)[mask.bool()].abs().max() > 1e-6
 
