@@ -259,7 +259,7 @@ def claims(record):
     small = tuple(a for a in alphas if abs(float(a.split("=")[1])) < 0.3)
     large = tuple(a for a in alphas if abs(float(a.split("=")[1])) >= 0.3)
     if small and large:
-        found.append(("A small |alpha| is better than a large one.", "App. E, Table 1 discussion", small, large,
+        found.append(("A small alpha (in absolute value) is better than a large one.", "App. E, Table 1 discussion", small, large,
                       verdict_helps, None))
     if augmented:
         found.append(("The best augmented setting beats the normal model (on all four tasks).", "App. E, Table 1",
