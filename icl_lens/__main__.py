@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 
+from icl_lens.glue import TASKS as GLUE_TASKS
 from icl_lens.reproduce import EXTRA, FIGURES, STUDIES, reproduce
 from icl_lens.results import results_dir
 
@@ -28,7 +29,7 @@ def main(argv=None):
                          help="draw from the task_*.json records already in --out instead of training")
     command.add_argument("--out", help="output folder (default results/experiments[-quick])")
     glue = commands.add_parser("glue", help="fine-tune a modified BERT on a GLUE task (Table 1)")
-    glue.add_argument("--task", required=True, choices=["cola", "mrpc", "stsb", "rte", "wordnet-entailment"],
+    glue.add_argument("--task", required=True, choices=list(GLUE_TASKS),
                       help="a GLUE task, or the offline stand-in for RTE built from WordNet")
     for name, default in (("alpha", 0.0), ("value-branch", 0.0), ("key-branch", 0.0), ("negative-ratio", 0.0),
                           ("beta", 0.0)):

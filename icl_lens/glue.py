@@ -23,9 +23,8 @@ TASKS = {
     "mrpc": ("sentence1", "sentence2", 2, ("f1", "accuracy")),
     "stsb": ("sentence1", "sentence2", 1, ("pearson", "spearman")),
     "rte": ("sentence1", "sentence2", 2, ("accuracy",)),
-    # the stand-ins of icl_lens.wordnet, in RTE's and MRPC's form
+    # the stand-in of icl_lens.wordnet, in RTE's form
     "wordnet-entailment": ("sentence1", "sentence2", 2, ("accuracy",)),
-    "wordnet-definition": ("sentence1", "sentence2", 2, ("f1", "accuracy")),
 }
 # the grids of Table 1 (App. E): regularized, negative samples, and the combinations' settings
 ALPHAS = (-0.5, -0.1, 0.1, 0.5)

@@ -78,6 +78,11 @@ def tiny_classifier(num_labels):
     return BertForSequenceClassification(config), tokenizer
 
 
+def classifier(study, config, num_labels):
+    """(model, tokenizer) of the study: the checkpoint with a fresh head, or quick mode's tiny BERT."""
+    return tiny_classifier(num_labels) if study.model == TINY_BERT else load_classifier(config, num_labels)
+
+
 def fine_tune_one(study, setting, seed, epochs, device, progress, threads=None):
     """One setting and seed: the same head weights, batch order and dropout draws as the normal
     model of that seed (a process of its own when the study has workers)."""
@@ -87,7 +92,7 @@ def fine_tune_one(study, setting, seed, epochs, device, progress, threads=None):
     train, validation = load_data(config)
     torch.manual_seed(seed)   # the classification head (and dropout) of every setting of this seed
     num_labels = TASKS[config.task][2]
-    model, tokenizer = tiny_classifier(num_labels) if study.model == TINY_BERT else load_classifier(config, num_labels)
+    model, tokenizer = classifier(study, config, num_labels)
     modify_bert(model, **config.switches, seed=seed)
     record = fine_tune(model, tokenizer, train, validation, config, seed=seed, device=device, progress=progress)
     steps = len(record["train_loss"]) // epochs
@@ -103,10 +108,7 @@ def linear_probe(study, device="cpu"):
     pair features), fitted by L-BFGS with a small weight decay. Returns its validation metrics."""
     config = study.glue_config("normal", study.epochs)
     train, validation = load_data(config)
-    if study.model == TINY_BERT:
-        model, tokenizer = tiny_classifier(2)
-    else:
-        model, tokenizer = load_classifier(config, 2)
+    model, tokenizer = classifier(study, config, 2)
     encoder = model.bert.to(pick(device)).eval()
 
     def features(rows):

