@@ -82,7 +82,7 @@ def main():
         every = step_time(config, threads=threads)
         compiled = step_time(config, threads=1, compiled=True)
         floor = bound(config)
-        steps = config.epochs * config.steps_per_epoch
+        steps = config.trained_epochs * config.steps_per_epoch   # with the half-length run copied off
         # each seed is split into WORKERS parts, and WORKERS processes train the parts side by side
         minutes = compiled * steps * len(config.seeds) / 60
         projected += minutes

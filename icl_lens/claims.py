@@ -16,8 +16,9 @@ With five seeds the bootstrap interval of the median runs from about the smalles
 difference, so "agrees" needs every seed better (a sign test would give p = 1/32).
 
 and a verdict that changes between half of training and the end is inconclusive (``stable``
-False). Test losses are the averages over the last quarter of training
-(:func:`icl_lens.experiments.window_loss`); "half of training" uses the second quarter.
+False). Test losses are those at the end of the run, where the learning rate has decayed to 0
+(:func:`icl_lens.experiments.reported_loss`); "half of training" is the same run at half the
+epochs, with its own decay (for a constant-rate record: the last and the second quarter's means).
 """
 
 import math
@@ -33,9 +34,9 @@ NO_EFFECT = 0.01        # 1% of the label variance
 RESAMPLES = 10_000
 VERDICTS = ("agrees", "disagrees", "inconclusive")
 RULES = {
-    "measure": "test MSE averaged over the checkpoints of the last quarter of training, divided by the "
-               "label variance of the seed's test set; paired with the normal model of the same seed and "
-               "learning rate (difference = variant - normal)",
+    "measure": "test MSE at the end of training (the learning rate decays to 0 over the last fifth of "
+               "the steps), divided by the label variance of the seed's test set; paired with the normal "
+               "model of the same seed and learning rate (difference = variant - normal)",
     "interval": f"percentile bootstrap ({RESAMPLES} resamples) 95% interval of the median difference over seeds",
     "helps": f"disagrees if the interval lies inside +-{NO_EFFECT} or above 0; agrees if it lies below 0; "
              "else inconclusive",
@@ -44,9 +45,9 @@ RULES = {
     "worse-than-single": "the best combination against the best single modification, by the hurts rule",
     "best": "where a claim names several variants, the one with the lowest median difference is used, "
             "chosen again at half of training",
-    "stability": "the verdict is computed at the end and at half of training (second quarter); "
-                 "if they differ the claim is inconclusive (except instability seen at the end: a "
-                 "divergence is not undone by training longer)",
+    "stability": "the verdict is computed at the end and on the same run trained for half the epochs "
+                 "(with its own decay); if they differ the claim is inconclusive (except instability "
+                 "seen at the end: a divergence is not undone by training longer)",
 }
 
 

@@ -5,9 +5,10 @@ Section 9): one fixed task weight per seed, N + 1 = 16 / 128 / 512 tokens, 16384
 one sequence per SGD step, lr 0.003 for the normal and regularized models of the linear task and
 0.005 otherwise, d_r = 100 (d_t + d_s). What the paper leaves open is ours and stated in the config:
 the epoch count of each task (chosen so that its normal model has converged by
-:func:`convergence`), five seeds, the alpha, k, beta grids, and the learning-rate controls (a normal
-model at every learning rate any variant of the task uses, so each variant has a normal model of the
-same seed and learning rate to be compared with).
+:func:`convergence`, at that length and at twice it), the decay of the learning rate over the last
+fifth of the steps (the paper keeps it constant), five seeds, the alpha, k, beta grids, and the
+learning-rate controls (a normal model at every learning rate any variant of the task uses, so each
+variant has a normal model of the same seed and learning rate to be compared with).
 
 Every model of a task (all variants, all seeds) trains as one :class:`icl_lens.layers.AttentionEnsemble`:
 model m sees its own seed's sequences, one per step, with its own learning rate. Each seed also has a
@@ -15,6 +16,7 @@ fixed test set, on which every model is evaluated at ``checkpoints`` points of t
 training-free baselines of :mod:`icl_lens.baselines` are measured.
 """
 
+import copy
 import math
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
@@ -31,6 +33,7 @@ from icl_lens.device import pick
 from icl_lens.dual import dual_model
 from icl_lens.kernels import PositiveRandomFeatures
 from icl_lens.layers import AttentionEnsemble, LayerConfig, Modification
+from icl_lens.multitask import lr_factor
 from icl_lens.tasks import RegressionTask, sample_sequences, sample_task_weight
 from icl_lens.validation import check_positive_int
 
@@ -71,7 +74,9 @@ class ExperimentConfig:
     """One task's training runs; defaults are the linear task of Figs. 3 and 10."""
 
     task: RegressionTask = field(default_factory=RegressionTask.linear)
-    epochs: int = 40                      # not printed in the paper; chosen by :func:`convergence`
+    # not printed in the paper; chosen so that :func:`convergence` holds at this length and at twice
+    # it (``reproduce convergence``)
+    epochs: int = 160
     tokens_per_epoch: int = 16384
     seeds: tuple = (0, 1, 2, 3, 4)
     regularized: tuple = regularized_grid(ALPHAS)
@@ -84,6 +89,12 @@ class ExperimentConfig:
     checkpoints: int = 16                 # test losses measured at epochs * j / checkpoints
     kernel: str = "performer"
     dtype: str = "float32"
+    # not the paper's: its constant rate, then a linear fall to 0 over the last ``decay_fraction``
+    # of the steps, so a run ends on its weights rather than on one draw of SGD's noise, and the
+    # same run at half the epochs comes almost free (:func:`train_seeds`); "constant" is the paper's
+    schedule: str = "decay"
+    decay_fraction: float = 0.2
+    shorter_runs: tuple = ()              # further run lengths (epochs) to branch off ("decay" only)
     # quick mode (CI): two seeds, 4 short epochs; ``quick_tokens_per_epoch`` passes the linear
     # task's early plateau
     quick_tokens_per_epoch: int = 8192
@@ -100,6 +111,12 @@ class ExperimentConfig:
             raise ValueError("seeds must name at least one seed")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        if self.schedule not in ("decay", "constant"):
+            raise ValueError(f"schedule must be 'decay' or 'constant', got {self.schedule!r}")
+        if not 0 < self.decay_fraction <= 1:
+            raise ValueError(f"decay_fraction must be in (0, 1], got {self.decay_fraction!r}")
+        if any(not isinstance(n, int) or not 0 < n < self.epochs for n in self.shorter_runs):
+            raise ValueError(f"shorter_runs must hold epoch counts in (0, epochs={self.epochs}), got {self.shorter_runs!r}")
 
     @property
     def steps_per_epoch(self):
@@ -114,6 +131,19 @@ class ExperimentConfig:
         """The epochs after which every model's test loss is measured (the last epoch included)."""
         count = min(self.checkpoints, self.epochs)
         return sorted({math.ceil(self.epochs * j / count) for j in range(1, count + 1)})
+
+    @property
+    def run_lengths(self):
+        """The epoch counts whose end-of-run test losses the record holds: with the "decay" schedule
+        the run itself and the same run at half the epochs (the convergence check), else the run."""
+        if self.schedule == "constant":
+            return [self.epochs]
+        return sorted({self.epochs // 2, self.epochs, *self.shorter_runs} - {0})
+
+    @property
+    def trained_epochs(self):
+        """Epochs of training a run costs: its own and those of the shorter runs copied off it."""
+        return self.epochs + sum(n - branch_epoch(n, self.decay_fraction) for n in self.run_lengths[:-1])
 
     def learning_rate(self, group):
         return self.lr_normal if group in ("normal", "regularized") else self.lr_other
@@ -167,7 +197,7 @@ def exponential_experiment():
     sixth = 1 / 6
     return ExperimentConfig(
         task=RegressionTask.exponential(),
-        epochs=150,
+        epochs=600,
         lr_normal=0.005,
         quick_tokens_per_epoch=2048,
         regularized=(*regularized_grid((-0.5, sixth, 0.5), ("proportional",)),
@@ -198,6 +228,14 @@ class TaskData:
         targets = torch.stack([drawn[s][1] for s in seeds]).to(dtype=dtype, device=device)
         return tokens, targets
 
+    def copy(self):
+        """The same streams from where they stand now, drawn independently of this one's."""
+        generators = {}
+        for s, g in self.generators.items():
+            generators[s] = torch.Generator(device=g.device)
+            generators[s].set_state(g.get_state())
+        return TaskData(self.task, self.weights, generators)
+
 
 def task_data(task, seeds):
     """Seed s draws its task weight W and then its sequences from generator(s), on cpu in float64."""
@@ -213,23 +251,29 @@ def squared_errors(ensemble, tokens, targets):
     return ((predictions - targets) ** 2).sum(-1).mean(-1)
 
 
-def train(ensemble, data, *, steps, epochs, lr, progress=None, step_errors=squared_errors, after_epoch=None):
+def train(ensemble, data, *, steps, epochs, lr, schedule=None, first_epoch=0, before_epoch=None, progress=None,
+          step_errors=squared_errors, after_epoch=None):
     """SGD, one sequence per model per step; returns the per-epoch mean training loss, (epochs, models).
 
+    Epochs ``first_epoch`` to ``epochs - 1`` are trained (a run continued from a copy starts later);
+    step t of the whole run (counted from epoch 0) uses ``lr * schedule(t)`` (constant if None).
     A model whose loss stops being finite gets nan from then on; the other models are unaffected,
     since no weight is shared. ``step_errors`` may be a compiled :func:`squared_errors`;
-    ``progress`` is a tqdm bar (advanced once a step); ``after_epoch(epoch)`` runs after each epoch
-    (epochs count from 1), e.g. to measure test losses.
+    ``progress`` is a tqdm bar (advanced once a step); ``before_epoch(epoch)`` and
+    ``after_epoch(epoch + 1)`` run around each epoch (e.g. to branch off a shorter run, to measure
+    test losses).
     """
     dtype, device = ensemble.W_Q.dtype, ensemble.W_Q.device
     history = []
-    for epoch in range(epochs):
+    for epoch in range(first_epoch, epochs):
+        if before_epoch is not None:
+            before_epoch(epoch)
         tokens, targets = data.epoch(ensemble.seeds, steps, dtype, device)
         total = torch.zeros(ensemble.num_models, dtype=dtype, device=device)
         for step in range(steps):
             errors = step_errors(ensemble, tokens[:, step : step + 1], targets[:, step : step + 1])
             errors.sum().backward()
-            ensemble.sgd_step(lr)
+            ensemble.sgd_step(lr if schedule is None else lr * schedule(epoch * steps + step))
             total += errors.detach()
             if progress is not None:
                 progress.update(1)
@@ -237,6 +281,17 @@ def train(ensemble, data, *, steps, epochs, lr, progress=None, step_errors=squar
         if after_epoch is not None:
             after_epoch(epoch + 1)
     return torch.stack(history)
+
+
+def decay_schedule(steps, decay_fraction):
+    """The "decay" schedule of a run of ``steps`` steps, as a function of the step."""
+    return lambda step: lr_factor(step, steps, decay_fraction)
+
+
+def branch_epoch(length, decay_fraction):
+    """The epoch in which a "decay" run of ``length`` epochs starts to decay: until then it is the
+    same run as any longer one, so a shorter run can be copied off a longer one there."""
+    return math.floor(length * (1 - decay_fraction))
 
 
 def test_sets(task, weights, num_sequences):
@@ -312,8 +367,14 @@ def equivalence_curve(ensemble, model, data, seed):
 
 def train_seeds(config, variants, seeds, *, device="cpu", compile=False, progress=True, position=0):
     """Train ``variants`` for ``seeds`` as one ensemble; return, per model (seed-major order), the
-    per-epoch training losses and the test losses at the checkpoints, and the equivalence curve of
-    each seed's first normal model."""
+    per-epoch training losses, the test losses at the checkpoints and at the end of each run length
+    of ``config.run_lengths``, and the equivalence curve and trained weights of each seed's first
+    normal model.
+
+    With the "decay" schedule a run of L < epochs epochs shares the constant-rate part of the
+    whole run, so it is copied off (weights and data streams) at the epoch where its own decay
+    starts and trained from there: it is the run a separate call with ``epochs=L`` makes, at a
+    ``decay_fraction`` of its cost."""
     device = pick(device)
     dtype = getattr(torch, config.dtype)
     models = [(variant, seed) for seed in seeds for variant in variants]
@@ -325,20 +386,34 @@ def train_seeds(config, variants, seeds, *, device="cpu", compile=False, progres
     test_tokens = torch.stack([tests[s][0] for _, s in models]).to(dtype=dtype, device=device)
     test_targets = torch.stack([tests[s][1] for _, s in models]).to(dtype=dtype, device=device)
     lr = torch.tensor([v.lr for v, _ in models], dtype=dtype, device=device)
-    checkpoints, curves_at = config.checkpoint_epochs, []
+    steps, checkpoints, curves_at, ended = config.steps_per_epoch, config.checkpoint_epochs, [], {}
+    shorter = config.run_lengths[:-1]
+    step_errors = torch.compile(squared_errors, dynamic=False) if compile else squared_errors
+
+    def schedule(length):
+        return decay_schedule(length * steps, config.decay_fraction) if config.schedule == "decay" else None
 
     def measure(epoch):
         if epoch in checkpoints:
             curves_at.append(test_loss(ensemble, test_tokens, test_targets))
 
-    bar = (tqdm(total=config.epochs * config.steps_per_epoch, unit="step", position=position, mininterval=2,
+    def branch(epoch):
+        for length in shorter:
+            if branch_epoch(length, config.decay_fraction) == epoch:
+                short = copy.deepcopy(ensemble)
+                train(short, data.copy(), steps=steps, epochs=length, lr=lr, schedule=schedule(length),
+                      first_epoch=epoch, progress=bar, step_errors=step_errors)
+                ended[length] = test_loss(short, test_tokens, test_targets)
+
+    bar = (tqdm(total=config.trained_epochs * steps, unit="step", position=position, mininterval=2,
                 desc=f"{config.task.kind} seeds {list(seeds)} ({len(models)} models)") if progress else None)
-    step_errors = torch.compile(squared_errors, dynamic=False) if compile else squared_errors
-    history = train(ensemble, data, steps=config.steps_per_epoch, epochs=config.epochs, lr=lr, progress=bar,
-                    step_errors=step_errors, after_epoch=measure)
+    history = train(ensemble, data, steps=steps, epochs=config.epochs, lr=lr, schedule=schedule(config.epochs),
+                    before_epoch=branch, progress=bar, step_errors=step_errors, after_epoch=measure)
     if bar is not None:
         bar.close()
     tested = torch.stack(curves_at)
+    ended[config.epochs] = tested[-1]
+    by_length = torch.stack([ended[length] for length in config.run_lengths])
     equivalence, trained = {}, {}
     for seed in seeds:
         normal = next((i for i, (v, s) in enumerate(models) if v.group == "normal" and s == seed), None)
@@ -346,8 +421,8 @@ def train_seeds(config, variants, seeds, *, device="cpu", compile=False, progres
             continue
         equivalence[str(seed)] = equivalence_curve(ensemble, normal, data, seed)
         trained[str(seed)] = {name: getattr(ensemble, name)[normal].detach().cpu().tolist() for name in ("W_Q", "W_K", "W_V")}
-    return {"train_loss": history.T.tolist(), "test_curve": tested.T.tolist(), "equivalence": equivalence,
-            "trained_normal": trained}
+    return {"train_loss": history.T.tolist(), "test_curve": tested.T.tolist(), "by_length": by_length.T.tolist(),
+            "equivalence": equivalence, "trained_normal": trained}
 
 
 def train_seeds_in_worker(arguments):
@@ -392,6 +467,7 @@ def run_experiment(config, *, device="cpu", progress=True, compile=False, varian
     # parts come seed by seed and, within a seed, variant part by part: the order of ``models``
     train_losses = [row for part in parts for row in part["train_loss"]]
     test_curves = [row for part in parts for row in part["test_curve"]]
+    by_length = [row for part in parts for row in part["by_length"]]
     models = [(variant, seed) for seed in config.seeds for variant in variants]
     weights = task_data(config.task, config.seeds).weights
     tests = test_sets(config.task, weights, config.test_sequences)
@@ -401,6 +477,7 @@ def run_experiment(config, *, device="cpu", progress=True, compile=False, varian
         "compiled": bool(compile),
         "epochs": list(range(1, config.epochs + 1)),
         "checkpoint_epochs": config.checkpoint_epochs,
+        "run_lengths": config.run_lengths,
         "models": [
             {
                 "group": variant.group,
@@ -411,6 +488,8 @@ def run_experiment(config, *, device="cpu", progress=True, compile=False, varian
                 "train_loss": [finite_or_none(x) for x in train_losses[i]],
                 "test_curve": [finite_or_none(x) for x in test_curves[i]],
                 "test_loss": finite_or_none(test_curves[i][-1]),
+                # the test loss at the end of a run of each of ``run_lengths`` epochs
+                "test_loss_by_length": [finite_or_none(x) for x in by_length[i]],
             }
             for i, (variant, seed) in enumerate(models)
         ],
@@ -436,18 +515,36 @@ def window_loss(record, model, until=1.0):
     return math.inf if any(x is None for x in picked) else sum(picked) / len(picked)
 
 
+def reported_loss(record, model, until=1.0):
+    """The test loss a verdict uses, of the run of ``until`` x epochs (1.0: the run, 0.5: half of it).
+
+    With the "decay" schedule it is the loss at the end of that run (its step size has fallen to 0,
+    so the weights are the run's, not one draw of SGD's noise). With the paper's constant rate it is
+    :func:`window_loss`, the mean over the quarter of training that ends there. inf for a model
+    that diverged."""
+    if record.get("config", {}).get("schedule", "constant") == "constant":
+        return window_loss(record, model, until)
+    length = int(until * len(record["epochs"]) + 1e-9)
+    if length not in record["run_lengths"]:
+        raise ValueError(f"until={until} asks for a run of {length} epochs; the record holds {record['run_lengths']}")
+    loss = model["test_loss_by_length"][record["run_lengths"].index(length)]
+    return math.inf if loss is None else loss
+
+
 def normalised_loss(record, model, until=1.0):
-    """:func:`window_loss` divided by the label variance of the model's seed (1 = predicting the mean)."""
-    return window_loss(record, model, until) / record["baselines"][str(model["seed"])]["label_variance"]
+    """:func:`reported_loss` divided by the label variance of the model's seed (1 = predicting the mean)."""
+    return reported_loss(record, model, until) / record["baselines"][str(model["seed"])]["label_variance"]
 
 
 CONVERGENCE_TOLERANCE = 0.02
 
 
-def convergence(record, tolerance=CONVERGENCE_TOLERANCE):
-    """The stopping criterion, measured on the normal models: over the last half of training (the
-    window ending at half the epochs against the last quarter) the median over seeds of the
-    normalised test loss must improve by less than ``tolerance`` (2% of the label variance).
+def convergence(record, tolerance=CONVERGENCE_TOLERANCE, until=1.0):
+    """The stopping criterion, measured on the normal models: training twice as long (the run of
+    ``until`` x epochs against the run of half that) improves each seed's normalised test loss by
+    some amount; the median of these improvements over seeds must be below ``tolerance`` (2% of
+    the label variance). The median, so that one seed escaping a plateau late does not decide it;
+    the number of seeds that meet it is reported beside.
 
     Returns the per-seed numbers, the median improvement and whether the criterion holds, for the
     normal model at the paper's learning rate (the first normal model of each seed)."""
@@ -455,45 +552,43 @@ def convergence(record, tolerance=CONVERGENCE_TOLERANCE):
     for model in record["models"]:
         if model["group"] == "normal":
             first.setdefault(model["seed"], model)
-    half = {s: normalised_loss(record, m, 0.5) for s, m in first.items()}
-    full = {s: normalised_loss(record, m, 1.0) for s, m in first.items()}
-    improvement = float(torch.tensor(list(half.values())).median() - torch.tensor(list(full.values())).median())
+    half = {s: normalised_loss(record, m, until / 2) for s, m in first.items()}
+    full = {s: normalised_loss(record, m, until) for s, m in first.items()}
+    improvements = [half[s] - full[s] if math.isfinite(half[s]) or math.isfinite(full[s]) else math.nan
+                    for s in first]
+    improvement = float(torch.tensor(improvements, dtype=torch.float64).median())
     return {
-        "criterion": f"median over seeds of the normal model's normalised test loss improves by less than "
-                     f"{tolerance:g} over the last half of training",
+        "criterion": f"median over seeds of the improvement of the normal model's normalised test loss "
+                     f"from training twice as long is below {tolerance:g}",
         "tolerance": tolerance,
+        "epochs": int(until * len(record["epochs"]) + 1e-9),
         "half": {str(s): finite_or_none(v) for s, v in half.items()},
         "full": {str(s): finite_or_none(v) for s, v in full.items()},
+        "seeds_converged": sum(d < tolerance for d in improvements),
         "median_improvement": finite_or_none(improvement),
         "converged": bool(math.isfinite(improvement) and improvement < tolerance),
     }
 
 
-def truncated(record, epochs):
-    """The record as it stood after ``epochs`` epochs (checkpoints up to then), to apply
-    :func:`convergence` to the first part of a longer run."""
-    keep = [i for i, epoch in enumerate(record["checkpoint_epochs"]) if epoch <= epochs]
-    return dict(record, epochs=record["epochs"][:epochs],
-                checkpoint_epochs=[record["checkpoint_epochs"][i] for i in keep],
-                models=[dict(m, test_curve=[m["test_curve"][i] for i in keep]) for m in record["models"]])
+LONG_RUN = 2     # the convergence study trains the normal models this many times the saved run's epochs
 
 
-LONG_EPOCHS = {"linear": 80, "trigonometric": 800, "exponential": 500}
-
-
-def convergence_study(kind, *, epochs=None, device="cpu", workers=2, compile=True, progress=False):
-    """Only the normal model of each seed, trained ``epochs`` (default ``LONG_EPOCHS[kind]``) at
-    the paper's settings, with the convergence criterion applied after every tenth of the run:
-    does the verdict of the criterion, and the loss, keep changing past the epochs of the saved run?"""
-    config = EXPERIMENTS[kind]()
-    epochs = LONG_EPOCHS[kind] if epochs is None else epochs
-    long = replace(config, epochs=epochs, checkpoints=min(epochs, 80))
+def convergence_study(kind, *, quick=False, epochs=None, device="cpu", workers=2, compile=True, progress=False):
+    """Only the normal model of each seed, at the task's settings, trained ``LONG_RUN`` times the
+    saved run's epochs (or ``epochs``), with the runs of 1/4, 1/2 and 3/4 of that length copied
+    off: does the loss, and the criterion's verdict, keep changing past the saved run's epochs?
+    The run of the saved run's length is the saved run's normal model (same seeds, data, schedule).
+    ``quick``: the task's quick sizes (:meth:`ExperimentConfig.quick`)."""
+    config = EXPERIMENTS[kind]().quick() if quick else EXPERIMENTS[kind]()
+    epochs = LONG_RUN * config.epochs if epochs is None else epochs
+    lengths = tuple(sorted({epochs * j // 4 for j in range(1, 4)} - {0, epochs}))
+    long = replace(config, epochs=epochs, checkpoints=min(epochs, 80), shorter_runs=lengths)
     normal = [Variant("normal", Modification(), config.lr_normal)]
     record = run_experiment(long, device=device, workers=workers, compile=compile, progress=progress,
                             variants=normal)
-    marks = sorted({max(1, epochs * j // 10) for j in range(1, 11)} | {config.epochs})
+    marks = [length for length in long.run_lengths if length // 2 in long.run_lengths]
     return {"task": kind, "saved_run_epochs": config.epochs, "record": record,
-            "criterion": [dict(convergence(truncated(record, e)), epochs=e) for e in marks if e <= epochs]}
+            "criterion": [convergence(record, until=length / epochs) for length in marks]}
 
 
 def finite_or_none(value):

@@ -267,13 +267,17 @@ def _partner_curves(result, group, seed=None):
 def _test_panel(axis, result, named_curves, normal, *, legend=True):
     """Normalised test loss (test MSE / label variance) at the checkpoints: median over seeds and
     interquartile band of each variant, the normal model dashed, the baselines as horizontal lines
-    (median over seeds); 1 is predicting the mean."""
+    (median over seeds), the decay of the learning rate shaded; 1 is predicting the mean."""
     epochs = result["checkpoint_epochs"]
     medians = [_median_band(axis, epochs, normal, color="black", linestyle="--", linewidth=1.4,
                             label="normal (same lr)")]
     for name, losses in named_curves.items():
         medians.append(_median_band(axis, epochs, losses, label=name))
     axis.axhline(1.0, color="grey", linewidth=1.0, label="predict the mean")
+    config = result["config"]
+    if config.get("schedule") == "decay":
+        axis.axvspan(config["epochs"] * (1 - config["decay_fraction"]), config["epochs"], color="grey", alpha=0.12,
+                     linewidth=0, label="learning rate decays")
     for key, values in experiments.normalised_baselines(result).items():
         label, style = BASELINES[key]
         value = float(values.median())
@@ -388,14 +392,21 @@ def paired_figure(results, *, no_effect, title):
 
 @styled
 def convergence_figure(studies):
-    """Per task, each seed's normal model: normalised test loss against the epochs of a long run,
-    the saved run's epoch count marked."""
-    figure, axes = plt.subplots(1, len(studies), figsize=(COLUMN, 3.6), squeeze=False)
-    for axis, (kind, study) in zip(axes[0], studies.items()):
+    """Per task, each seed's normal model: normalised test loss against the epochs of a long run
+    (line; its last fifth decays) and at the end of each shorter run copied off it (dots, where the
+    step size has decayed to 0), the saved run's epoch count marked."""
+    figure, axes = plt.subplots(len(studies), 1, figsize=(COLUMN, 3.0 * len(studies)), squeeze=False)
+    for axis, (kind, study) in zip(axes[:, 0], studies.items()):
         record = study["record"]
         curves = experiments.curves(record, "normal")["normal"]
-        for seed, losses in zip(record["config"]["seeds"], curves):
-            axis.plot(record["checkpoint_epochs"], losses.clamp(min=FLOOR), label=f"seed {seed}")
+        normal = [m for m in record["models"] if m["group"] == "normal"]
+        for seed, losses, model in zip(record["config"]["seeds"], curves, normal):
+            line, = axis.plot(record["checkpoint_epochs"], losses.clamp(min=FLOOR), linewidth=1.0, alpha=0.7,
+                              label=f"seed {seed}")
+            ends = [experiments.normalised_loss(record, model, length / len(record["epochs"]))
+                    for length in record["run_lengths"]]
+            axis.plot(record["run_lengths"], [max(x, FLOOR) for x in ends], "o", color=line.get_color(),
+                      markersize=5)
         axis.axvline(study["saved_run_epochs"], color="black", linestyle=":", label="saved run ends")
         axis.axhline(1.0, color="grey", linewidth=1.0)
         axis.set(yscale="log", xlabel="epoch (16384 tokens)", ylabel="test MSE / label variance",

@@ -13,10 +13,11 @@ Figures and what they need:
     paired  every variant against the normal model of its seed and learning rate, per task
     claims  a verdict for every empirical claim of Section 5 / Appendix E (claims.json, no figure)
 
-Not part of ``all`` (about 6 minutes more on 2 CPU cores):
+Not part of ``all`` (minutes more on 2 CPU cores):
 
-    convergence  the normal models of the trigonometric and exponential tasks trained 800 / 500
-                 epochs, and the convergence criterion after every tenth of that
+    convergence  the normal models of each task trained twice the saved run's epochs, with the
+                 runs of 1/4, 1/2 and 3/4 of that length copied off, and the convergence
+                 criterion at each doubling
 
 Studies of their own chapters (not part of ``all``):
 
@@ -75,7 +76,7 @@ def approximation_config(quick=False, orthogonal=False):
 
 def figure_numbers(result, groups):
     """The part of a task record that a figure plots."""
-    keep = ("task", "config", "epochs", "checkpoint_epochs", "baselines", "equivalence", "convergence")
+    keep = ("task", "config", "epochs", "checkpoint_epochs", "run_lengths", "baselines", "equivalence", "convergence")
     numbers = {key: result[key] for key in keep}
     numbers["models"] = [m for m in result["models"] if m["group"] in ("normal", *groups)]
     return numbers
@@ -185,8 +186,8 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
             written[name] = save_result(out, name, studies, plots.convergence_figure(studies))
         elif name == "convergence":
             studies = {kind: experiments.convergence_study(
-                kind, epochs=None if not quick else 8, device=device, workers=workers,
-                compile=compile, progress=log is not None) for kind in ("trigonometric", "exponential")}
+                kind, quick=quick, device=device, workers=workers,
+                compile=compile, progress=log is not None) for kind in experiments.EXPERIMENTS}
             figure = plots.convergence_figure(studies)
             written[name] = save_result(out, name, studies, figure)
         elif name in STUDIES:

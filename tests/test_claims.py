@@ -130,11 +130,23 @@ def test_saved_claims_follow_from_the_saved_records():
             assert math.isfinite(record["baselines"][str(seed)]["least_squares"])
 
 
-def test_truncated_record_sees_only_its_epochs():
-    falling = record({s: [1.0, 0.8, 0.5, 0.2] for s in SEEDS}, FLAT)
-    half = experiments.truncated(falling, 4)
-    assert half["checkpoint_epochs"] == [2, 4] and len(half["epochs"]) == 4
-    assert all(len(m["test_curve"]) == 2 for m in half["models"])
-    # over its own last half (epochs 2 -> 4) the loss still fell by 0.2: not converged either
-    assert not experiments.convergence(half)["converged"]
-    assert experiments.convergence(experiments.truncated(record(FLAT, FLAT), 4))["converged"]
+def decayed(half, end, variance=2.0):
+    """A "decay" record of normal models: seed s ends its half-length run at ``half[s]`` and its
+    run at ``end[s]`` (normalised)."""
+    models = [dict(model("normal", "normal", s, [end[s] * variance]), test_loss_by_length=[half[s] * variance,
+                                                                                         end[s] * variance])
+              for s in half]
+    return {"config": {"schedule": "decay"}, "epochs": list(range(1, EPOCHS + 1)), "run_lengths": [4, 8],
+            "checkpoint_epochs": [8], "models": models, "baselines": {str(s): {"label_variance": variance} for s in half}}
+
+
+def test_convergence_of_decayed_runs_uses_the_half_length_run():
+    ends = {s: 0.2 for s in SEEDS}
+    assert experiments.convergence(decayed({s: 0.205 for s in SEEDS}, ends))["converged"]
+    result = experiments.convergence(decayed({s: 0.3 for s in SEEDS}, ends))
+    assert not result["converged"] and result["median_improvement"] == pytest.approx(0.1)
+    # one seed leaving a plateau late does not decide it; three seeds do
+    late = {s: 0.9 if s == 2 else 0.2 for s in SEEDS}
+    result = experiments.convergence(decayed(late, ends))
+    assert result["converged"] and result["seeds_converged"] == 4
+    assert not experiments.convergence(decayed({s: 0.9 if s < 3 else 0.2 for s in SEEDS}, ends))["converged"]

@@ -5,6 +5,7 @@ command line."""
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -95,7 +96,7 @@ def test_same_seed_gives_the_same_bytes(tmp_path):
 
 def test_worker_processes_train_the_same_models():
     """Seeds split into parts over two processes give, in float64, the models of one ensemble."""
-    config = experiments.ExperimentConfig(epochs=1, tokens_per_epoch=24 * 16, seeds=(0, 1), test_sequences=4,
+    config = experiments.ExperimentConfig(epochs=2, tokens_per_epoch=12 * 16, seeds=(0, 1), test_sequences=4,
                                           checkpoints=1, dtype="float64")
     together = experiments.run_experiment(config, progress=False)
     split = experiments.run_experiment(config, progress=False, workers=2)
@@ -103,7 +104,33 @@ def test_worker_processes_train_the_same_models():
     for a, b in zip(together["models"], split["models"]):
         assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-9, abs=1e-12), a["name"]
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-9, abs=1e-12), a["name"]
+        assert a["test_loss_by_length"] == pytest.approx(b["test_loss_by_length"], rel=1e-9, abs=1e-12), a["name"]
     assert split["equivalence"].keys() == together["equivalence"].keys()
+
+
+def test_shorter_runs_are_the_runs_of_their_own_length():
+    """With the decay schedule, the runs copied off a longer one (half its epochs and any
+    ``shorter_runs``) end where separate runs of those lengths end, in float64; a wrong copy point
+    (the whole run's schedule kept on the copy) does not."""
+    config = experiments.ExperimentConfig(epochs=10, tokens_per_epoch=8 * 16, seeds=(0, 1), test_sequences=4,
+                                          checkpoints=2, dtype="float64", shorter_runs=(3,))
+    variants = config.variants()[:3]
+    long = experiments.run_experiment(config, progress=False, variants=variants)
+    assert long["run_lengths"] == [3, 5, 10]
+    for i, length in enumerate((3, 5)):
+        alone = experiments.run_experiment(replace(config, epochs=length, shorter_runs=()), progress=False,
+                                           variants=variants)
+        for a, b in zip(long["models"], alone["models"]):
+            assert a["test_loss_by_length"][i] == pytest.approx(b["test_loss"], rel=1e-10), (length, a["name"])
+    constant = experiments.run_experiment(replace(config, schedule="constant", shorter_runs=()), progress=False,
+                                          variants=variants)
+    assert constant["run_lengths"] == [10]
+    # the decayed run is not the constant one: the schedule reaches the steps
+    assert all(abs(a["test_loss"] - b["test_loss"]) > 1e-8 for a, b in zip(long["models"], constant["models"]))
+    assert experiments.normalised_loss(long, long["models"][0], 0.5) == pytest.approx(
+        long["models"][0]["test_loss_by_length"][1] / long["baselines"]["0"]["label_variance"])
+    with pytest.raises(ValueError, match="run of 2 epochs"):
+        experiments.normalised_loss(long, long["models"][0], 0.2)
 
 
 def test_command_line(tmp_path):
@@ -132,12 +159,16 @@ def test_bad_configs_name_the_argument():
         reproduce(["fig2"], out=".", quick=True, log=None)
     with pytest.raises(ValueError, match="workers"):
         experiments.run_experiment(experiments.ExperimentConfig(), workers=0)
+    with pytest.raises(ValueError, match="schedule"):
+        experiments.ExperimentConfig(schedule="cosine")
+    with pytest.raises(ValueError, match="shorter_runs"):
+        experiments.ExperimentConfig(epochs=10, shorter_runs=(10,))
 
 
 def test_convergence_study_is_separate_from_all(tmp_path):
     written = reproduce(["convergence"], out=tmp_path, quick=True, log=None)
     studies = json.loads(written["convergence"]["json"].read_text())
-    assert set(studies) == {"trigonometric", "exponential"}
+    assert set(studies) == set(KINDS)
     for study in studies.values():
         assert study["criterion"][-1]["epochs"] == len(study["record"]["epochs"]) == 8
         assert {m["group"] for m in study["record"]["models"]} == {"normal"}
