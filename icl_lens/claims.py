@@ -8,7 +8,8 @@ that median and the number of seeds better / worse.
 
 Verdict rules (for a claim that a variant *helps*; a claim that it *hurts* is the mirror image):
 
-    disagrees     the whole interval lies inside +-NO_EFFECT (no effect worth the name), or above 0
+    disagrees     the whole interval lies inside the no-effect band (a tenth of the normal model's
+                  median loss either side of 0: no effect worth the name), or above 0
     agrees        otherwise, if the whole interval lies below 0 (better on the median, on every resample)
     inconclusive  otherwise
 
@@ -30,7 +31,9 @@ from icl_lens.approximation import log_log_slope
 from icl_lens.device import generator as make_generator
 from icl_lens.experiments import finite_or_none, normalised_loss
 
-NO_EFFECT = 0.01        # 1% of the label variance
+# a difference within a tenth of the normal model's loss is no effect: a band in units of the label
+# variance would be as wide as the loss itself where the layers learn the task to ~1% of it
+NO_EFFECT_SHARE = 0.1
 RESAMPLES = 10_000
 VERDICTS = ("agrees", "disagrees", "inconclusive")
 RULES = {
@@ -38,7 +41,9 @@ RULES = {
                "the steps), divided by the label variance of the seed's test set; paired with the normal "
                "model of the same seed and learning rate (difference = variant - normal)",
     "interval": f"percentile bootstrap ({RESAMPLES} resamples) 95% interval of the median difference over seeds",
-    "helps": f"disagrees if the interval lies inside +-{NO_EFFECT} or above 0; agrees if it lies below 0; "
+    "no effect": f"a difference within +-{NO_EFFECT_SHARE:g} x the median normalised loss of the model "
+                 "compared against (per seed: of that seed's)",
+    "helps": "disagrees if the interval lies inside the no-effect band or above 0; agrees if it lies below 0; "
              "else inconclusive",
     "hurts": "the mirror image of helps",
     "unstable": "agrees if a seed diverges or ends worse than predicting the mean (normalised loss > 1)",
@@ -80,7 +85,8 @@ def partner(record, model):
 def paired(record, name, *, until=1.0, against=None):
     """Variant ``name`` against its normal partner (or, with ``against``, the model of that name) on
     every seed: normalised losses, their differences (variant - partner), the median, its bootstrap
-    interval and the counts of seeds better / worse by more than NO_EFFECT / diverged."""
+    interval, the no-effect band and the counts of seeds better / worse by more than their own
+    band / diverged."""
     rows = []
     for seed in sorted({m["seed"] for m in record["models"]}):
         model = find_model(record, name, seed)
@@ -91,6 +97,8 @@ def paired(record, name, *, until=1.0, against=None):
     kept = [d for d in differences if not math.isnan(d)]
     low, high = bootstrap_median_interval(kept) if kept else (math.nan, math.nan)
     median = float(torch.tensor(kept, dtype=torch.float64).median()) if kept else math.nan
+    partners = torch.tensor([o for _, o in rows], dtype=torch.float64)
+    bands = [NO_EFFECT_SHARE * o for _, o in rows]
     return {
         "name": name,
         "against": against or "normal (same seed and lr)",
@@ -100,18 +108,25 @@ def paired(record, name, *, until=1.0, against=None):
         "median_variant": finite_or_none(float(torch.tensor(variant, dtype=torch.float64).median())),
         "median_difference": finite_or_none(median),
         "interval": [finite_or_none(low), finite_or_none(high)],
-        "better": sum(d < -NO_EFFECT for d in kept),
-        "worse": sum(d > NO_EFFECT for d in kept),
+        "no_effect": finite_or_none(NO_EFFECT_SHARE * float(partners.median())),
+        "better": sum(d < -b for d, b in zip(differences, bands) if not math.isnan(d)),
+        "worse": sum(d > b for d, b in zip(differences, bands) if not math.isnan(d)),
         "diverged": sum(not math.isfinite(v) for v in variant),
         "seeds": len(rows),
     }
+
+
+def inside_band(comparison):
+    low, high = comparison["interval"]
+    band = comparison["no_effect"]
+    return band is not None and -band <= low and high <= band
 
 
 def verdict_helps(comparison):
     low, high = comparison["interval"]
     if low is None or high is None:
         return "inconclusive"
-    if low >= -NO_EFFECT and high <= NO_EFFECT:
+    if inside_band(comparison):
         return "disagrees"        # no effect worth the name
     if high < 0:
         return "agrees"
@@ -122,7 +137,7 @@ def verdict_hurts(comparison):
     low, high = comparison["interval"]
     if low is None or high is None:
         return "inconclusive" if comparison["diverged"] == 0 else "agrees"
-    if low >= -NO_EFFECT and high <= NO_EFFECT:
+    if inside_band(comparison):
         return "disagrees"
     if low > 0:
         return "agrees"
@@ -320,12 +335,13 @@ def number(value, digits=3):
 
 def markdown_rows(rows):
     """Paired comparisons as a Markdown table (losses divided by the label variance)."""
-    lines = ["| model | median loss | median diff. vs normal | 95% interval | better / worse / diverged |",
-             "|---|---|---|---|---|"]
+    lines = ["| model | median loss | median diff. vs normal | 95% interval | no effect within | "
+             "better / worse / diverged |", "|---|---|---|---|---|---|"]
     for r in rows:
         low, high = r["interval"]
         lines.append(f"| {r['name']} | {number(r['median_variant'])} | {number(r['median_difference'], 2)} | "
-                     f"[{number(low, 2)}, {number(high, 2)}] | {r['better']} / {r['worse']} / {r['diverged']} |")
+                     f"[{number(low, 2)}, {number(high, 2)}] | +-{number(r['no_effect'], 2)} | "
+                     f"{r['better']} / {r['worse']} / {r['diverged']} |")
     return "\n".join(lines)
 
 

@@ -637,9 +637,15 @@ def describe_config(config):
     def names(items):
         return ", ".join(f"`{Modification(**m).name}`" for m in items)
 
+    if config.get("schedule", "constant") == "decay":
+        schedule = (f"the learning rate decays linearly to 0 over the last {config['decay_fraction']:.0%} of the "
+                    f"steps; the same run at {config['epochs'] // 2} epochs is copied off (convergence check)")
+    else:
+        schedule = "constant learning rate (the paper's)"
     return "\n".join([
         f"- epochs: **{config['epochs']}**, test losses at {config['checkpoints']} checkpoints on "
         f"{config['test_sequences']} fixed test sequences per seed",
+        f"- schedule: {schedule}",
         f"- seeds: {config['seeds']}; a seed fixes the task weight, the data stream, the test set and the "
         "initial layer, so the variants of one seed start from the same weights and see the same sequences",
         f"- learning rates: {config['lr_normal']:g} (normal, regularized), {config['lr_other']:g} (others); "

@@ -357,32 +357,39 @@ OFF_SCALE = 3.0   # paired differences beyond this (diverging runs) are drawn at
 
 
 @styled
-def paired_figure(results, *, no_effect, title):
+def paired_figure(results, *, title):
     """Per task, every variant's median paired difference to the normal model (normalised test
-    loss, variant - normal) with its bootstrap 95% interval; the +-``no_effect`` band is shaded.
-    ``results`` maps a task to rows of :func:`icl_lens.claims.variant_rows`."""
+    loss, variant - normal) with its bootstrap 95% interval; each row's no-effect band (a share of
+    the normal model's loss) is shaded. ``results`` maps a task to rows of
+    :func:`icl_lens.claims.variant_rows`."""
     heights = [max(2.5, 0.24 * len(rows) + 1.0) for rows in results.values()]
     figure, axes = plt.subplots(len(results), 1, figsize=(COLUMN, sum(heights)), squeeze=False,
                                 gridspec_kw={"height_ratios": heights})
     for axis, (task, rows) in zip(axes[:, 0], results.items()):
+        bands = [r["no_effect"] for r in rows if r["no_effect"]]
         for position, row in enumerate(rows):
-            median, (low, high) = row["median_difference"], row["interval"]
+            median, (low, high), band = row["median_difference"], row["interval"], row["no_effect"] or 0.0
+            axis.fill_betweenx([position - 0.4, position + 0.4], -band, band, color="grey", alpha=0.25, linewidth=0)
             if median is None or low is None or high is None:
                 axis.text(OFF_SCALE, position, "diverged", fontsize=7, va="center", ha="right", color="red")
                 continue
-            color = "tab:green" if high < -no_effect else ("tab:red" if low > no_effect else "tab:grey")
+            no_effect = -band <= low and high <= band
+            color = "tab:grey" if no_effect else ("tab:green" if high < 0 else ("tab:red" if low > 0 else "tab:grey"))
             shown = [min(x, OFF_SCALE) for x in (low, median, high)]
             axis.errorbar(shown[1], position, xerr=[[shown[1] - shown[0]], [shown[2] - shown[1]]], fmt="o",
                           color=color, markersize=4, capsize=2)
             if high > OFF_SCALE:
                 axis.annotate("", (OFF_SCALE * 1.6, position), (OFF_SCALE, position),
                               arrowprops={"arrowstyle": "->", "color": color})
-        axis.axvspan(-no_effect, no_effect, color="grey", alpha=0.2)
         axis.axvline(0, color="black", linewidth=0.8)
         axis.set_yticks(range(len(rows)), [r["name"] for r in rows], fontsize=7)
         axis.invert_yaxis()
-        axis.set_xscale("symlog", linthresh=no_effect)
+        linear_up_to = min(bands) if bands else 1e-3
+        axis.set_xscale("symlog", linthresh=linear_up_to)
         axis.set_xlim(-1.2, OFF_SCALE * 2)
+        # powers of ten outside the linear part only: inside it their labels would overlap
+        powers = [10.0 ** k for k in range(-6, 1) if 10.0 ** k >= linear_up_to]
+        axis.set_xticks(sorted([0.0, *powers, *(-x for x in powers)]))
         axis.set(xlabel="variant - normal (test MSE / label variance)", title=task)
         axis.grid(True, axis="x", alpha=0.3)
     figure.suptitle(title)
@@ -396,7 +403,8 @@ def convergence_figure(studies):
     (line; its last fifth decays) and at the end of each shorter run copied off it (dots, where the
     step size has decayed to 0), the saved run's epoch count marked."""
     figure, axes = plt.subplots(len(studies), 1, figsize=(COLUMN, 3.0 * len(studies)), squeeze=False)
-    for axis, (kind, study) in zip(axes[:, 0], studies.items()):
+    kinds = [kind for kind in experiments.EXPERIMENTS if kind in studies]   # JSON sorts its keys
+    for axis, (kind, study) in zip(axes[:, 0], ((k, studies[k]) for k in kinds)):
         record = study["record"]
         curves = experiments.curves(record, "normal")["normal"]
         normal = [m for m in record["models"] if m["group"] == "normal"]
@@ -413,7 +421,8 @@ def convergence_figure(studies):
                  title=f"{kind}: normal model, long run")
         integer_ticks(axis)
         axis.grid(True, which="both", alpha=0.3)
-        axis.legend(fontsize=7)
+    # the colours are the seeds on every panel: one legend, where the top panel has room
+    axes[0, 0].legend(fontsize=7, loc="lower left", ncol=3)
     figure.tight_layout()
     return figure
 

@@ -158,8 +158,7 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
             written[name] = save_result(out, name, numbers, figure)
         elif name == "paired":
             rows = {kind: claims.variant_rows(result) for kind, result in tasks.items()}
-            figure = plots.paired_figure(rows, no_effect=claims.NO_EFFECT,
-                                         title="every variant against the normal model of its seed and learning rate")
+            figure = plots.paired_figure(rows, title="every variant against the normal model of its seed and learning rate")
             written[name] = save_result(out, name, rows, figure)
         elif name in APPROXIMATION_FIGURES or name == "claims":
             if study is None:

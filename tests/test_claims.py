@@ -150,3 +150,16 @@ def test_convergence_of_decayed_runs_uses_the_half_length_run():
     result = experiments.convergence(decayed(late, ends))
     assert result["converged"] and result["seeds_converged"] == 4
     assert not experiments.convergence(decayed({s: 0.9 if s < 3 else 0.2 for s in SEEDS}, ends))["converged"]
+
+
+def test_no_effect_band_is_a_share_of_the_normal_loss():
+    """The same difference of -0.01 (in label variances) is no effect against a normal model at 0.5
+    and a halving of the loss against one at 0.02."""
+    claim = claims.Claim("x", "here", "linear", "g2 helps", "helps", claims.augmented("none", "gelu"))
+    for normal, verdict in ((0.5, "disagrees"), (0.02, "agrees")):
+        flat = {s: [normal] * 4 for s in SEEDS}
+        lower = {s: [normal - 0.01 - 0.0001 * s] * 4 for s in SEEDS}
+        result = claims.evaluate({"linear": record(flat, lower)}, claims=(claim,))[0]
+        assert result["verdict"] == verdict, normal
+        assert result["measurement"]["no_effect"] == pytest.approx(claims.NO_EFFECT_SHARE * normal)
+        assert result["measurement"]["better"] == (5 if verdict == "agrees" else 0)
