@@ -117,9 +117,10 @@ def paired(record, name, *, until=1.0, against=None):
 
 
 def inside_band(comparison):
+    """Whether the whole interval lies inside the no-effect band (False where either is missing)."""
     low, high = comparison["interval"]
     band = comparison["no_effect"]
-    return band is not None and -band <= low and high <= band
+    return None not in (band, low, high) and -band <= low and high <= band
 
 
 def verdict_helps(comparison):
