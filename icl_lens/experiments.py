@@ -515,6 +515,11 @@ def window_loss(record, model, until=1.0):
     return math.inf if any(x is None for x in picked) else sum(picked) / len(picked)
 
 
+def run_length(record, until):
+    """The epochs of the run of ``until`` x the record's epochs (0.5: half of them, rounded down)."""
+    return int(until * len(record["epochs"]) + 1e-9)
+
+
 def reported_loss(record, model, until=1.0):
     """The test loss a verdict uses, of the run of ``until`` x epochs (1.0: the run, 0.5: half of it).
 
@@ -524,7 +529,7 @@ def reported_loss(record, model, until=1.0):
     that diverged."""
     if record.get("config", {}).get("schedule", "constant") == "constant":
         return window_loss(record, model, until)
-    length = int(until * len(record["epochs"]) + 1e-9)
+    length = run_length(record, until)
     if length not in record["run_lengths"]:
         raise ValueError(f"until={until} asks for a run of {length} epochs; the record holds {record['run_lengths']}")
     loss = model["test_loss_by_length"][record["run_lengths"].index(length)]
@@ -561,7 +566,7 @@ def convergence(record, tolerance=CONVERGENCE_TOLERANCE, until=1.0):
         "criterion": f"median over seeds of the improvement of the normal model's normalised test loss "
                      f"from training twice as long is below {tolerance:g}",
         "tolerance": tolerance,
-        "epochs": int(until * len(record["epochs"]) + 1e-9),
+        "epochs": run_length(record, until),
         "half": {str(s): finite_or_none(v) for s, v in half.items()},
         "full": {str(s): finite_or_none(v) for s, v in full.items()},
         "seeds_converged": sum(d < tolerance for d in improvements),

@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.ticker import MaxNLocator
 
-from icl_lens import closeness, experiments, multitask
+from icl_lens import claims, closeness, experiments, multitask
 
 COLUMN = 8.0   # inches: the book's text column shows a figure this wide at about 100 px an inch
 # fonts sized for that column: 9 pt on an 8-inch figure reads as about 12 px on the page
@@ -373,7 +373,7 @@ def paired_figure(results, *, title):
             if median is None or low is None or high is None:
                 axis.text(OFF_SCALE, position, "diverged", fontsize=7, va="center", ha="right", color="red")
                 continue
-            no_effect = -band <= low and high <= band
+            no_effect = claims.inside_band(row)
             color = "tab:grey" if no_effect else ("tab:green" if high < 0 else ("tab:red" if low > 0 else "tab:grey"))
             shown = [min(x, OFF_SCALE) for x in (low, median, high)]
             axis.errorbar(shown[1], position, xerr=[[shown[1] - shown[0]], [shown[2] - shown[1]]], fmt="o",
