@@ -110,8 +110,9 @@ def test_worker_processes_train_the_same_models():
 
 def test_shorter_runs_are_the_runs_of_their_own_length():
     """With the decay schedule, the runs copied off a longer one (half its epochs and any
-    ``shorter_runs``) end where separate runs of those lengths end, in float64; a wrong copy point
-    (the whole run's schedule kept on the copy) does not."""
+    ``shorter_runs``) end where separate runs of those lengths end, in float64, and the schedule
+    reaches the steps (the decayed run is not the constant one). Checked by hand once: keeping the
+    whole run's schedule on the copies makes this test fail."""
     config = experiments.ExperimentConfig(epochs=10, tokens_per_epoch=8 * 16, seeds=(0, 1), test_sequences=4,
                                           checkpoints=2, dtype="float64", shorter_runs=(3,))
     variants = config.variants()[:3]
