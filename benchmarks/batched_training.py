@@ -22,8 +22,10 @@ import time
 
 import torch
 
-from icl_lens import experiments
-from icl_lens.layers import AttentionEnsemble
+from icl_lens.studies import section5
+from icl_lens.training.data import task_data
+from icl_lens.training.ensemble import AttentionEnsemble, squared_errors
+from icl_lens.training.loop import train
 
 STEPS = {"linear": 200, "trigonometric": 30, "exponential": 6}
 WORKERS = 2
@@ -48,11 +50,11 @@ def step_time(config, *, threads, compiled=False):
     torch.set_num_threads(threads)
     variants = part(config)
     ensemble = AttentionEnsemble(config.layer, [v.modification for v in variants], [config.seeds[0]] * len(variants))
-    data = experiments.task_data(config.task, config.seeds[:1])
+    data = task_data(config.task, config.seeds[:1])
     lr = torch.tensor([v.lr for v in variants])
-    errors = torch.compile(experiments.squared_errors, dynamic=False) if compiled else experiments.squared_errors
+    errors = torch.compile(squared_errors, dynamic=False) if compiled else squared_errors
     steps = STEPS[config.task.kind]
-    return timed(lambda: experiments.train(ensemble, data, steps=steps, epochs=1, lr=lr, step_errors=errors)) / steps
+    return timed(lambda: train(ensemble, data, steps=steps, epochs=1, lr=lr, step_errors=errors)) / steps
 
 
 def bound(config):
@@ -77,7 +79,7 @@ def main():
     print(f"torch {torch.__version__}, {threads} threads, {os.cpu_count()} cpus")
     projected = 0.0
     for kind in args.tasks:
-        config = experiments.EXPERIMENTS[kind]()
+        config = section5.EXPERIMENTS[kind]()
         one = step_time(config, threads=1)
         every = step_time(config, threads=threads)
         compiled = step_time(config, threads=1, compiled=True)

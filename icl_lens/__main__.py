@@ -6,8 +6,8 @@ import argparse
 import sys
 import time
 
-from icl_lens.glue import TASKS as GLUE_TASKS
-from icl_lens.reproduce import EXTRA, FIGURES, STUDIES, reproduce
+from icl_lens.bert.glue import TASKS as GLUE_TASKS
+from icl_lens.reproduce import FIGURES, OUTPUTS_TABLE, reproduce
 from icl_lens.results import results_dir
 
 
@@ -15,9 +15,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m icl_lens", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     command = commands.add_parser("reproduce", help="regenerate figures of the paper")
-    command.add_argument("figures", nargs="+", choices=[*FIGURES, *EXTRA, *STUDIES, "all"], metavar="FIGURE",
-                         help=f"one or more of {', '.join(FIGURES + EXTRA + STUDIES)}, or all (all but "
-                              f"{', '.join(EXTRA + STUDIES)})")
+    others = [name for name in OUTPUTS_TABLE if name not in FIGURES]
+    command.add_argument("figures", nargs="+", choices=[*OUTPUTS_TABLE, "all"], metavar="FIGURE",
+                         help=f"one or more of {', '.join(OUTPUTS_TABLE)}, or all (all but {', '.join(others)})")
     command.add_argument("--quick", action="store_true", help="small sizes (tests, CI)")
     command.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
     command.add_argument("--seeds", type=int, nargs="+", help="seeds of the training runs (default 0 1 2 3 4)")
@@ -62,7 +62,7 @@ def main(argv=None):
 
 
 def run_glue(parser, args):
-    from icl_lens import glue
+    from icl_lens.bert import glue
     from icl_lens.reproduce import check_output_folder
     from icl_lens.results import save_result
 

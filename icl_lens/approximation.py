@@ -1,9 +1,12 @@
 """How well positive random features approximate softmax attention (the study of Figs. 6-9).
 
-For random tokens and weights, compare the exact attention matrix (Eq. (5)) and output (Eq. (1)) with
-their random-feature estimates (Eqs. (6)-(7)) as the number of features d_r grows. The paper averages
-over 50 repeats with its trained layers; here the weights are random with entries N(0, 1/d), so the
-numbers are of the same kind but not the paper's.
+Chapters: kernels, theorem_3_1, experiments.
+
+Compare the exact attention matrix (Eq. (5)) and output (Eq. (1)) of a layer with their
+random-feature estimates (Eqs. (6)-(7)) as the number of features d_r grows. The paper averages
+over 50 repeats with its trained layers. :func:`approximation_error` measures random layers
+(weights with entries N(0, 1/d)) by default, or the layers it is given: the Section 5 study passes
+the trained layers of the linear task (:func:`icl_lens.studies.section5.approximation_study`).
 """
 
 from dataclasses import dataclass

@@ -1,5 +1,7 @@
 """One attention layer, exact (Eq. (1), (5)) and with the softmax kernel replaced by features (Eqs. (6)-(7)).
 
+Chapters: kernels, theorem_3_1, transformer_layer.
+
 Rows are tokens. For query tokens ``queries_in`` (..., T, d_i) and context tokens ``context``
 (..., n, d_i), with weights of shape (d_out, d_i) acting as ``x @ W.T``:
 

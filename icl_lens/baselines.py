@@ -1,5 +1,7 @@
 """Training-free in-context predictors: the baselines every trained layer is measured against.
 
+Chapters: experiments, across_tasks.
+
 All functions are batched over leading dimensions: ``x_context`` (..., N, d), ``y_context`` (..., N),
 ``x_query`` (..., d); predictions have shape (...). Closed forms (derived in the experiments chapter):
 

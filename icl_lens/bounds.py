@@ -1,5 +1,7 @@
 """Theorem 3.2 (and C.2): a Rademacher bound for the dual model's one-step learning problem.
 
+Chapters: generalization_bound.
+
 Function class  F = { f(x) = W phi(W_K x) : ||W||_F <= w },  loss  l(f, x) = -(W_V x) . f(x)  (Eq. (10)),
 L(f) = E l(f, x) over the task distribution, L_hat(f) its mean over N demonstrations, and the kernel
 matrix (K_S)_ij = phi(W_K x_i) . phi(W_K x_j). With ||W_V x||, ||W phi(W_K x)|| <= rho, with probability

@@ -1,5 +1,7 @@
 """Linear attention as the dual of a linear layer (Eqs. (3)-(4)) and the construction of
 von Oswald et al. (2023) read through the dual model (Appendix F). Rows are examples.
+
+Chapters: appendix_f.
 """
 
 import torch

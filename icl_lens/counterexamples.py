@@ -1,5 +1,7 @@
 """Searches for counterexamples to inequalities: random sampling, then gradient ascent on lhs / rhs.
 
+Chapters: lipschitz_lemmas, weight_shifting.
+
 An inequality lhs <= rhs is given as a function of a setting (a dict of tensors) that returns
 (lhs, rhs). A sampler draws settings that satisfy the inequality's assumptions; ``search`` reports the
 largest ratio found. A ratio above 1 is a counterexample. ``rhs_scale`` shrinks the right-hand side,

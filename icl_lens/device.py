@@ -1,4 +1,8 @@
-"""Where tensors live: ``pick("auto")`` gives cuda when a GPU is present, else cpu."""
+"""Where tensors live: ``pick("auto")`` gives cuda when a GPU is present, else cpu.
+
+Chapters: appendix_f, kernels, theorem_3_1, generalization_bound, transformer_layer, stacked_layers,
+modifications, softmax_regression, lipschitz_lemmas, weight_shifting, closeness_experiment.
+"""
 
 import torch
 

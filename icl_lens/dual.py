@@ -1,5 +1,7 @@
 """Theorem 3.1: one kernel-attention layer's output for a query is one gradient step of a dual model.
 
+Chapters: theorem_3_1, generalization_bound, transformer_layer, stacked_layers, across_tasks.
+
 Dual model, Eq. (8):  f(x) = W phi(x),  W of shape (d_v, d_r).
 Training set:         inputs  z_i = sqrt(scale) W_K x_i  (features phi(z_i)),  labels  y_i = W_V x_i,
                       for the N demonstrations x_i.

@@ -1,5 +1,7 @@
 """The softmax kernel and its positive random features (Section 3.1, Eq. (7); Choromanski et al., 2020).
 
+Chapters: kernels, theorem_3_1, transformer_layer, stacked_layers, modifications.
+
 The softmax kernel is K_sm(x, y) = exp(x . y). Positive random features
 
     phi(x) = exp(x @ omega.T - |x|^2 / 2) / sqrt(m),     omega rows ~ N(0, I)

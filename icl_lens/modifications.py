@@ -1,5 +1,7 @@
 """Attention modifications read from the dual model's loss (Section 4 and Appendix D).
 
+Chapters: modifications.
+
 Each modification changes the dual model's loss; one gradient step on the modified loss equals a
 modified attention layer, exactly, for kernel attention with the same feature map:
 

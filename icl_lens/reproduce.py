@@ -1,6 +1,10 @@
-"""Regenerate the paper's synthetic figures: ``python -m icl_lens reproduce fig3 [--quick] ...``.
+"""Regenerate the book's saved runs: ``python -m icl_lens reproduce fig3 [--quick] ...``.
 
-Figures and what they need:
+Chapters: experiments, across_tasks, closeness_experiment, bert, intro.
+
+Every output is a row of :data:`OUTPUTS`: a name, what it draws on and what it writes. What several
+outputs draw on (a task's training record, the rank study, the random-feature study) is computed
+at most once per call by :class:`Run`, so adding an output is adding a row.
 
     fig3    linear task: equivalence (Fig. 3 left) and the regularized, augmented, negative models
     fig6, fig7, fig8   random-feature approximation of attention against d_r, on random layers and
@@ -19,10 +23,11 @@ Not part of ``all`` (minutes more on 2 CPU cores):
                  runs of 1/4, 1/2 and 3/4 of that length copied off, and the convergence
                  criterion at each doubling
 
-Studies of their own chapters (not part of ``all``):
+Studies of their own chapters (not part of ``all``), each written with its claims
+(``<file>_claims.json``):
 
-    multitask    one attention layer trained across tasks (a new w per prompt) against zero,
-                 averaging, one GD step at the best learning rate and least squares
+    multitask    the across-tasks study: one attention layer trained with a new w per prompt
+                 against zero, averaging, one GD step at the best learning rate and least squares
     softmax-regression   Li et al.'s experiment rebuilt: a trained softmax self-attention layer
                  against softmax regression after one GD step (closeness.json)
     table1       R&L Table 1 offline: the BERT modifications fine-tuned on the packaged
@@ -30,56 +35,33 @@ Studies of their own chapters (not part of ``all``):
                  [bert] extra; quick mode: a tiny random BERT)
 
 Each figure is written as ``<name>.png`` beside ``<name>.json`` (the numbers it plots); each task's
-full training record goes to ``task_<kind>.json``. A task is trained once per call, however many
-figures use it. No timings go into the JSON files, so one seed and setting give the same bytes.
+full training record goes to ``task_<kind>.json``. No timings go into the JSON files, so one seed
+and setting give the same bytes.
 """
 
+import json
 import sys
 import time
-from dataclasses import replace
-
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from icl_lens import approximation, claims, closeness, experiments, ffn_rank, multitask, plots, table1
-from icl_lens.device import generator, pick
-from icl_lens.kernels import PositiveRandomFeatures, draw_omega
-from icl_lens.results import load_result, repository_root, save_result
+from icl_lens.device import pick
+from icl_lens.figures import prompt_layers as prompt_layer_figures
+from icl_lens.figures import section5 as section5_figures
+from icl_lens.figures import table1 as table1_figures
+from icl_lens.figures import theory as theory_figures
+from icl_lens.results import load_result, repository_root, save_result, to_plain
+from icl_lens.studies import across_tasks, ffn_rank, li_et_al, section5, section5_claims, table1
 
 ALL_TASKS = ("linear", "trigonometric", "exponential")
-TASK_OF_FIGURE = {"fig3": ("linear",), "fig10": ("linear",), "fig11": ("trigonometric",), "fig12": ("exponential",),
-                  "fig13": ALL_TASKS, "paired": ALL_TASKS, "claims": ALL_TASKS,
-                  "fig6": ("linear",), "fig7": ("linear",), "fig8": ("linear",), "fig9": ("linear",)}
-APPROXIMATION_FIGURES = ("fig6", "fig7", "fig8")
-FIGURES = ("fig3", "fig6", "fig7", "fig8", "fig9", "fig10", "fig11", "fig12", "fig13", "fig14", "paired", "claims")
 PANELS = ("regularized", "augmented", "negative")
-EXTRA = ("convergence",)   # named on the command line only, never by "all"
-STUDIES = ("multitask", "softmax-regression", "table1")   # chapters of their own, never by "all"
-STUDY_FILES = {"multitask": "multitask", "softmax-regression": "closeness", "table1": "table1"}   # JSON / PNG
-STUDY_MODULES = {"multitask": multitask, "softmax-regression": closeness, "table1": table1}
-# what ``reproduce all`` writes (JSON names), which the experiments chapter reads
-OUTPUTS = ("fig3", "fig6-8", "fig9", "fig10", "fig11", "fig12", "fig13", "fig14", "paired", "claims",
-           *(f"task_{kind}" for kind in ALL_TASKS))
 
 
 def experiment_config(kind, *, quick=False, seeds=None):
-    config = experiments.EXPERIMENTS[kind]()
+    config = section5.EXPERIMENTS[kind]()
     if seeds is not None:
         config = replace(config, seeds=tuple(seeds))
     return config.quick() if quick else config
-
-
-def approximation_config(quick=False, orthogonal=False):
-    if quick:
-        return approximation.ApproximationConfig(feature_counts=(10, 100, 1200), repeats=5, orthogonal=orthogonal)
-    return approximation.ApproximationConfig(orthogonal=orthogonal)
-
-
-def figure_numbers(result, groups):
-    """The part of a task record that a figure plots."""
-    keep = ("task", "config", "epochs", "checkpoint_epochs", "run_lengths", "baselines", "equivalence", "convergence")
-    numbers = {key: result[key] for key in keep}
-    numbers["models"] = [m for m in result["models"] if m["group"] in ("normal", *groups)]
-    return numbers
 
 
 def check_output_folder(out):
@@ -95,143 +77,250 @@ def check_output_folder(out):
     return folder
 
 
+class Run:
+    """One call's settings and what its outputs share, each computed (or, with ``reuse``, read from
+    ``out``) the first time an output asks for it."""
+
+    def __init__(self, out, *, quick, device, seeds, compile, reuse, workers, log):
+        self.out, self.quick, self.device, self.seeds = out, quick, device, seeds
+        self.compile, self.reuse, self.workers, self.log = compile, reuse, workers, log
+        self.written, self._tasks, self._shared = {}, {}, {}
+
+    def save(self, key, file, record, figure=None):
+        self.written[key] = save_result(self.out, file, record, figure)
+        return self.written[key]
+
+    def say(self, line):
+        if self.log is not None:
+            self.log.write(line + "\n")
+
+    def task(self, kind):
+        """The training record of a Section 5 task (``task_<kind>.json``)."""
+        if kind not in self._tasks:
+            if self.reuse:
+                self._tasks[kind] = load_result(self.out, f"task_{kind}")
+            else:
+                start = time.perf_counter()
+                config = experiment_config(kind, quick=self.quick, seeds=self.seeds)
+                self._tasks[kind] = section5.run_experiment(config, device=self.device, progress=self.log is not None,
+                                                            compile=self.compile, workers=self.workers)
+                self.save(f"task_{kind}", f"task_{kind}", self._tasks[kind])
+                self.say(f"{kind}: {len(self._tasks[kind]['models'])} models, {config.epochs} epochs, "
+                         f"{time.perf_counter() - start:.1f} s")
+        return self._tasks[kind]
+
+    def tasks(self, kinds=ALL_TASKS):
+        return {kind: self.task(kind) for kind in kinds}
+
+    def shared(self, file, compute, draw):
+        """A study that several outputs use, saved once as ``file`` (read back with ``reuse``)."""
+        if file not in self._shared:
+            if self.reuse and (Path(self.out) / f"{file}.json").exists():   # redraw only
+                record = load_result(self.out, file)
+            else:
+                record = compute()
+            self._shared[file] = record
+            self.save(file, file, record, draw(record))
+        return self._shared[file]
+
+
+def rank_study(run):
+    """Fig. 14 on trained layers (``fig14.json``)."""
+    def compute():
+        config = ffn_rank.TrainedRankConfig()
+        return ffn_rank.trained_rank_bound(config.quick() if run.quick else config, device=run.device,
+                                           progress=run.log is not None)
+
+    return run.shared("fig14", compute, lambda rank: theory_figures.rank_bound_figure(
+        rank, paper_saturation=rank["paper_saturation"]))
+
+
+def approximation_study(run):
+    """Figs. 6-8 (``fig6-8.json``)."""
+    repeats = section5.approximation_config(run.quick).repeats
+    return run.shared("fig6-8", lambda: section5.approximation_study(run.task("linear"), quick=run.quick,
+                                                                     device=run.device),
+                      lambda study: theory_figures.approximation_error_figure(
+                          study, title=f"Figs. 6-8: random features, median and quartiles of {repeats} repeats"))
+
+
+def figure_numbers(result, groups):
+    """The part of a task record that a figure plots."""
+    keep = ("task", "config", "epochs", "checkpoint_epochs", "run_lengths", "baselines", "equivalence", "convergence")
+    numbers = {key: result[key] for key in keep}
+    numbers["models"] = [m for m in result["models"] if m["group"] in ("normal", *groups)]
+    return numbers
+
+
+def task_figure(name, kind):
+    """Figs. 3, 11, 12: one task's panels, median and quartiles over seeds."""
+    def write(run):
+        result = run.task(kind)
+        title = (f"Fig. {name[3:]}: {result['task']} task, {result['config']['epochs']} epochs, "
+                 f"median and quartiles over {len(result['config']['seeds'])} seeds")
+        figure = section5_figures.experiment_figure(result, PANELS, title=title)
+        return run.save(name, name, figure_numbers(result, PANELS), figure)
+    return write
+
+
+def seeds_figure(run):
+    result = run.task("linear")
+    title = f"Fig. 10: linear task, {result['config']['epochs']} epochs, one seed a row"
+    figure = section5_figures.seeds_figure(result, PANELS, result["config"]["seeds"], title=title)
+    return run.save("fig10", "fig10", figure_numbers(result, PANELS), figure)
+
+
+def combinations_figure(run):
+    tasks = run.tasks()
+    epochs = ", ".join(f"{kind} {r['config']['epochs']}" for kind, r in tasks.items())
+    figure = section5_figures.combinations_figure(tasks, title=f"Fig. 13: combinations (epochs: {epochs})")
+    numbers = {kind: figure_numbers(result, ("combination",)) for kind, result in tasks.items()}
+    return run.save("fig13", "fig13", numbers, figure)
+
+
+def paired_figure(run):
+    rows = {kind: section5_claims.variant_rows(result) for kind, result in run.tasks().items()}
+    figure = section5_figures.paired_figure(rows, title="every variant against the normal model of its seed and "
+                                                        "learning rate")
+    return run.save("paired", "paired", rows, figure)
+
+
+def approximation_figure(run):
+    approximation_study(run)
+    return run.written["fig6-8"]
+
+
+def heatmaps_figure(run):
+    compared = section5.heatmaps(run.task("linear"), run.device)
+    figure = theory_figures.attention_heatmaps_figure(compared["attention"], compared["attention_estimate"],
+                                                      compared["output"], compared["output_estimate"], 1200)
+    return run.save("fig9", "fig9", compared, figure)
+
+
+def rank_figure(run):
+    rank_study(run)
+    return run.written["fig14"]
+
+
+def section5_verdicts(run):
+    tasks = run.tasks()
+    rank, study = rank_study(run), approximation_study(run)
+    verdicts = [section5_claims.equivalence_claim(tasks), *section5_claims.evaluate(tasks),
+                section5_claims.random_feature_claim(study["trained layers (linear task)"]),
+                section5_claims.rank_claim(rank)]
+    return run.save("claims", "claims", {"rules": section5_claims.RULES, "claims": verdicts})
+
+
+def convergence_study(run):
+    if run.reuse and (Path(run.out) / "convergence.json").exists():   # redraw only
+        studies = load_result(run.out, "convergence")
+    else:
+        studies = {kind: section5.convergence_study(kind, quick=run.quick, device=run.device, workers=run.workers,
+                                                    compile=run.compile, progress=run.log is not None)
+                   for kind in section5.EXPERIMENTS}
+    return run.save("convergence", "convergence", studies, section5_figures.convergence_figure(studies))
+
+
+@dataclass(frozen=True)
+class Study:
+    """A study of its own chapter: its module (with ``StudyConfig``, ``run_study`` and ``claims``),
+    the file it is saved as and its figure."""
+
+    module: object
+    file: str
+    figure: object
+
+
+def study_title(name, record):
+    seeds = tuple(record["study"]["seeds"])
+    if name == "multitask":
+        return f"one attention layer across tasks: median and quartiles over seeds {seeds}"
+    if name == "table1":
+        model = "a tiny random BERT" if record["study"]["model"] == table1.TINY_BERT else "all-MiniLM-L6-v2"
+        return f"Table 1 offline: {model} on WordNet entailment, seeds {seeds}"
+    return f"a trained softmax layer against one GD step (Li et al., rebuilt): median and quartiles over seeds {seeds}"
+
+
+STUDIES = {
+    "multitask": Study(across_tasks, "multitask", prompt_layer_figures.across_tasks_figure),
+    "softmax-regression": Study(li_et_al, "closeness", prompt_layer_figures.softmax_layer_figure),
+    "table1": Study(table1, "table1", table1_figures.table1_figure),
+}
+
+
+def chapter_study(name):
+    """The output of a study of its own chapter: ``<file>.json`` and its figure, and the study's
+    claims as ``<file>_claims.json`` (``reuse``: redrawn from the JSON already in ``out``)."""
+    study = STUDIES[name]
+
+    def write(run):
+        if run.reuse and (Path(run.out) / f"{study.file}.json").exists():   # redraw only
+            record = load_result(run.out, study.file)
+        else:
+            start = time.perf_counter()
+            config = study.module.StudyConfig()
+            config = config.quick() if run.quick else config
+            if run.seeds is not None:
+                config = replace(config, seeds=tuple(run.seeds))
+            record = study.module.run_study(config, device=run.device, progress=run.log is not None,
+                                            workers=run.workers)
+            run.say(f"{name}: {time.perf_counter() - start:.1f} s")
+        paths = run.save(name, study.file, record, study.figure(record, title=study_title(name, record)))
+        run.save(f"{name} claims", f"{study.file}_claims", {"claims": study.module.claims(record)})
+        return paths
+    return write
+
+
+# name: (what it writes, part of ``all``)
+OUTPUTS_TABLE = {
+    "fig3": (task_figure("fig3", "linear"), True),
+    "fig6": (approximation_figure, True),
+    "fig7": (approximation_figure, True),
+    "fig8": (approximation_figure, True),
+    "fig9": (heatmaps_figure, True),
+    "fig10": (seeds_figure, True),
+    "fig11": (task_figure("fig11", "trigonometric"), True),
+    "fig12": (task_figure("fig12", "exponential"), True),
+    "fig13": (combinations_figure, True),
+    "fig14": (rank_figure, True),
+    "paired": (paired_figure, True),
+    "claims": (section5_verdicts, True),
+    "convergence": (convergence_study, False),
+    **{name: (chapter_study(name), False) for name in STUDIES},
+}
+FIGURES = tuple(name for name, (_, in_all) in OUTPUTS_TABLE.items() if in_all)
+EXTRA = ("convergence",)   # named on the command line only, never by "all"
+STUDY_FILES = {name: study.file for name, study in STUDIES.items()}
+# what ``reproduce all`` writes (JSON names), which the experiments chapter reads
+OUTPUTS = ("fig3", "fig6-8", "fig9", "fig10", "fig11", "fig12", "fig13", "fig14", "paired", "claims",
+           *(f"task_{kind}" for kind in ALL_TASKS))
+
+
 def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None, reuse=False, workers=None,
               log=sys.stderr):
-    """Write the named figures (or ``"all"``) under ``out``; return {name: paths written}.
+    """Write the named outputs of :data:`OUTPUTS_TABLE` (or ``"all"``: every one that is part of
+    it) under ``out``; return {name: paths written}.
 
     ``compile`` trains through ``torch.compile`` (default: in full mode); ``workers`` (default: 2 in
-    full mode on the CPU, else 1) trains the seeds in that many processes, one thread each, see
-    :func:`icl_lens.experiments.run_experiment`.
-    ``reuse=True`` draws from the ``task_*.json`` records already in ``out`` instead of training
-    again (to restyle figures or recompute verdicts).
+    full mode on the CPU, else 1) trains in that many processes, one thread each, see
+    :func:`icl_lens.training.loop.run_jobs`. ``reuse=True`` draws from the records already in
+    ``out`` instead of training again (to restyle figures or recompute verdicts).
     """
-    extra = (*EXTRA, *STUDIES)
-    names = list(FIGURES) + [n for n in names if n in extra] if "all" in names else list(dict.fromkeys(names))
-    unknown = [n for n in names if n not in FIGURES and n not in extra]
+    names = list(FIGURES) + [n for n in names if n in OUTPUTS_TABLE and n not in FIGURES] \
+        if "all" in names else list(dict.fromkeys(names))
+    unknown = [n for n in names if n not in OUTPUTS_TABLE]
     if unknown:
-        raise ValueError(f"unknown figure(s) {unknown}; choose from {list(FIGURES)} or 'all'")
+        raise ValueError(f"unknown figure(s) {unknown}; choose from {list(OUTPUTS_TABLE)} or 'all'")
     out = check_output_folder(out)
     device = pick(device)
     compile = (not quick) if compile is None else compile
     if workers is None:
         workers = 2 if (not quick and device.type == "cpu") else 1
-    written, tasks = {}, {}
-    for kind in dict.fromkeys(kind for n in names for kind in TASK_OF_FIGURE.get(n, ())):
-        if reuse:
-            tasks[kind] = load_result(out, f"task_{kind}")
-            continue
-        start = time.perf_counter()
-        config = experiment_config(kind, quick=quick, seeds=seeds)
-        tasks[kind] = experiments.run_experiment(config, device=device, progress=log is not None, compile=compile,
-                                                 workers=workers)
-        written[f"task_{kind}"] = save_result(out, f"task_{kind}", tasks[kind])
-        if log is not None:
-            log.write(f"{kind}: {len(tasks[kind]['models'])} models, {config.epochs} epochs, "
-                      f"{time.perf_counter() - start:.1f} s\n")
-    study = rank = None
-    if "claims" in names or "fig14" in names:
-        if reuse and (Path(out) / "fig14.json").exists():   # redraw only
-            rank = load_result(out, "fig14")
-        else:
-            config = ffn_rank.TrainedRankConfig()
-            rank = ffn_rank.trained_rank_bound(config.quick() if quick else config, progress=log is not None)
-        figure = plots.rank_bound_figure(rank, paper_saturation=rank["paper_saturation"])
-        written["fig14"] = save_result(out, "fig14", rank, figure)
+    run = Run(out, quick=quick, device=device, seeds=seeds, compile=compile, reuse=reuse, workers=workers, log=log)
     for name in names:
-        if name in ("fig3", "fig11", "fig12"):
-            result = tasks[TASK_OF_FIGURE[name][0]]
-            title = (f"Fig. {name[3:]}: {result['task']} task, {result['config']['epochs']} epochs, "
-                     f"median and quartiles over {len(result['config']['seeds'])} seeds")
-            figure = plots.experiment_figure(result, PANELS, title=title)
-            written[name] = save_result(out, name, figure_numbers(result, PANELS), figure)
-        elif name == "fig10":
-            result = tasks["linear"]
-            seeds_shown = result["config"]["seeds"]
-            figure = plots.seeds_figure(result, PANELS, seeds_shown,
-                                        title=f"Fig. 10: linear task, {result['config']['epochs']} epochs, one seed a row")
-            written[name] = save_result(out, name, figure_numbers(result, PANELS), figure)
-        elif name == "fig13":
-            epochs = {kind: r["config"]["epochs"] for kind, r in tasks.items()}
-            epochs = ", ".join(f"{kind} {count}" for kind, count in epochs.items())
-            figure = plots.combinations_figure(tasks, title=f"Fig. 13: combinations (epochs: {epochs})")
-            numbers = {kind: figure_numbers(result, ("combination",)) for kind, result in tasks.items()}
-            written[name] = save_result(out, name, numbers, figure)
-        elif name == "paired":
-            rows = {kind: claims.variant_rows(result) for kind, result in tasks.items()}
-            figure = plots.paired_figure(rows, title="every variant against the normal model of its seed and learning rate")
-            written[name] = save_result(out, name, rows, figure)
-        elif name in APPROXIMATION_FIGURES or name == "claims":
-            if study is None:
-                if reuse and (Path(out) / "fig6-8.json").exists():   # redraw only
-                    study = load_result(out, "fig6-8")
-                else:
-                    study = approximation_study(tasks["linear"], quick=quick, device=device)
-                figure = plots.approximation_error_figure(
-                    study, title=f"Figs. 6-8: random features, median and quartiles of {approximation_config(quick).repeats} repeats")
-                written["approximation"] = save_result(out, "fig6-8", study, figure)
-            if name == "claims":
-                verdicts = [claims.equivalence_claim(tasks), *claims.evaluate(tasks),
-                            claims.random_feature_claim(study["trained layers (linear task)"]),
-                            claims.rank_claim(rank)]
-                written[name] = save_result(out, "claims", {"rules": claims.RULES, "claims": verdicts})
-            else:
-                written[name] = written["approximation"]
-        elif name == "fig14":
-            written.setdefault(name, {"json": Path(out) / "fig14.json"})
-        elif name == "fig9":
-            written[name] = save_result(out, name, *heatmaps(tasks["linear"], device))
-        elif name == "convergence" and reuse and (Path(out) / "convergence.json").exists():   # redraw only
-            studies = load_result(out, "convergence")
-            written[name] = save_result(out, name, studies, plots.convergence_figure(studies))
-        elif name == "convergence":
-            studies = {kind: experiments.convergence_study(
-                kind, quick=quick, device=device, workers=workers,
-                compile=compile, progress=log is not None) for kind in experiments.EXPERIMENTS}
-            figure = plots.convergence_figure(studies)
-            written[name] = save_result(out, name, studies, figure)
-        elif name in STUDIES:
-            written[name] = chapter_study(name, out, quick=quick, device=device, reuse=reuse, log=log, workers=workers,
-                                          seeds=seeds)
-    return written
-
-
-def chapter_study(name, out, *, quick, device, reuse, log, workers=1, seeds=None):
-    """A study of its own chapter: ``multitask.json`` or ``closeness.json`` and its figure
-    (``reuse``: redraw from the JSON already in ``out``)."""
-    module, file = STUDY_MODULES[name], STUDY_FILES[name]
-    if reuse and (Path(out) / f"{file}.json").exists():   # redraw only
-        record = load_result(out, file)
-    else:
-        start = time.perf_counter()
-        config = module.StudyConfig()
-        config = config.quick() if quick else config
-        if seeds is not None:
-            config = replace(config, seeds=tuple(seeds))
-        record = module.run_study(config, device=device, progress=log is not None, workers=workers)
-        if log is not None:
-            log.write(f"{name}: {time.perf_counter() - start:.1f} s\n")
-    seeds = tuple(record["study"]["seeds"])
-    if name == "multitask":
-        figure = plots.multitask_figure(record, title=f"one attention layer across tasks: median and "
-                                                      f"quartiles over seeds {seeds}")
-    elif name == "table1":
-        model = "a tiny random BERT" if record["study"]["model"] == table1.TINY_BERT else "all-MiniLM-L6-v2"
-        figure = plots.table1_figure(record, title=f"Table 1 offline: {model} on WordNet entailment, seeds {seeds}")
-    else:
-        figure = plots.softmax_layer_figure(record, title=f"a trained softmax layer against one GD step (Li et al., "
-                                                      f"rebuilt): median and quartiles over seeds {seeds}")
-    return save_result(out, file, record, figure)
-
-
-def approximation_study(linear, *, quick, device):
-    """Figs. 6-8: random layers (iid and orthogonal features) and the trained layers of the linear
-    task's normal models (iid features), MSE / MAE against d_r."""
-    configs = {"iid (random layers)": approximation_config(quick),
-               "orthogonal (random layers)": approximation_config(quick, True)}
-    study = {name: approximation.approximation_error(c, device=device) for name, c in configs.items()}
-    study["trained layers (linear task)"] = approximation.approximation_error(
-        approximation_config(quick), device=device, layers=experiments.trained_layers(linear))
-    return study
+        write, _ = OUTPUTS_TABLE[name]
+        run.written[name] = write(run)
+    return run.written
 
 
 def saved_or_quick(out, *, quick):
@@ -257,6 +346,19 @@ def saved_study_or_quick(name, out, *, quick):
     return "quick", load_result(out, file), Path(out)
 
 
+def saved_claims(name, folder, record):
+    """The claims a study of its own chapter saved beside its record (``<file>_claims.json`` in
+    ``folder``), checked against the same claims recomputed from ``record``: the page shows what
+    was saved, and fails if the saved verdicts no longer follow from the record."""
+    study = STUDIES[name]
+    saved = load_result(folder, f"{study.file}_claims")["claims"]
+    recomputed = json.loads(json.dumps(to_plain(study.module.claims(record))))
+    if saved != recomputed:
+        raise ValueError(f"{folder}/{study.file}_claims.json is not what the record gives: rerun "
+                         f"python -m icl_lens reproduce {name} --reuse --out {folder}")
+    return saved
+
+
 def describe_source(source):
     """One Markdown sentence for the chapter: which run it shows."""
     if source == "full":
@@ -265,15 +367,3 @@ def describe_source(source):
     return ("**This page shows a quick run**: the saved full run was not found, or quick mode was asked for, "
             "so the page ran `reproduce all --quick` (4 short epochs; the curves show little beyond the early "
             "drop of the linear task, and the reading below is about the full run).")
-
-
-def heatmaps(linear, device, num_features=1200, seed=0):
-    """Fig. 9: the trained normal layer of the linear task's first seed on 16 test tokens, exact
-    against d_r = 1200 random features."""
-    layer = experiments.trained_layers(linear)[0]
-    layer = approximation.AttentionLayer(*(x.to(device) for x in (layer.tokens, layer.W_Q, layer.W_K, layer.W_V)))
-    omega = draw_omega(layer.W_K.shape[0], num_features, generator=generator(seed), device=device)
-    compared = approximation.compare(layer, PositiveRandomFeatures(omega))
-    figure = plots.attention_heatmaps_figure(compared["attention"], compared["attention_estimate"],
-                                             compared["output"], compared["output_estimate"], num_features)
-    return compared, figure

@@ -1,5 +1,7 @@
 """Softmax regression and weight shifting (Li, Song, Xia, Yu, Zhou, arXiv 2304.13276).
 
+Chapters: softmax_regression, lipschitz_lemmas, weight_shifting, closeness_experiment.
+
     alpha(x) = <exp(Ax), 1_n>,   f(x) = alpha(x)^-1 exp(Ax),   c(x) = f(x) - b,   L_exp(x) = 1/2 |c(x)|^2
 
 with A (n, d) the "document" (n tokens), x (d,) the weights and b (n,) the target. Everything accepts

@@ -1,5 +1,8 @@
 """sympy derivations of the identities that the book checks exactly.
 
+Chapters: kernels, theorem_3_1, generalization_bound, transformer_layer, stacked_layers, appendix_f,
+modifications, softmax_regression, lipschitz_lemmas, weight_shifting.
+
 Each function returns the intermediate expressions (so a chapter can print them) together with the
 residuals that must simplify to zero.
 """

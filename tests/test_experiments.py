@@ -9,7 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from icl_lens import claims, experiments
+from icl_lens import verdicts
+from icl_lens.studies import section5, section5_claims
 from icl_lens.reproduce import FIGURES, OUTPUTS, experiment_config, reproduce
 from icl_lens.results import save_result
 
@@ -33,8 +34,8 @@ def test_every_figure_is_written(quick_all):
         if name != "claims":
             assert paths["png"].stat().st_size > 10_000, name      # a real plot, not an empty canvas
     assert {f"{name}.json" for name in OUTPUTS} <= {p.name for p in out.iterdir()}
-    verdicts = json.loads((out / "claims.json").read_text())["claims"]
-    assert len(verdicts) >= 12 and {v["verdict"] for v in verdicts} <= set(claims.VERDICTS)
+    judged = json.loads((out / "claims.json").read_text())["claims"]
+    assert len(judged) >= 12 and {v["verdict"] for v in judged} <= set(verdicts.VERDICTS)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -51,7 +52,7 @@ def test_every_grid_value_trains_and_the_normal_model_learns(quick_all, kind):
         if model["group"] == "normal":
             assert all(x is not None and x >= 0 for x in model["train_loss"]), model
         # every variant has a normal model of its seed and learning rate to be compared with
-        assert claims.partner(record, model)["lr"] == model["lr"] or model["group"] == "normal"
+        assert section5_claims.partner(record, model)["lr"] == model["lr"] or model["group"] == "normal"
     assert {m["lr"] for m in record["models"] if m["group"] == "normal"} == rates
     for seed in config.seeds:
         found = record["baselines"][str(seed)]
@@ -77,29 +78,29 @@ def test_figures_hold_every_curve_they_plot(quick_all):
     assert set(fig13) == set(KINDS)
     for kind in KINDS:
         names = {m["name"] for m in fig13[kind]["models"] if m["group"] == "combination"}
-        assert names == {m.name for m in experiments.EXPERIMENTS[kind]().combinations}
+        assert names == {m.name for m in section5.EXPERIMENTS[kind]().combinations}
     paired = json.loads((out / "paired.json").read_text())
     for kind in KINDS:   # one paired row per model name but the paper's normal model
-        assert len(paired[kind]) == len(experiments.EXPERIMENTS[kind]().variants()) - 1
+        assert len(paired[kind]) == len(section5.EXPERIMENTS[kind]().variants()) - 1
     study = json.loads((out / "fig6-8.json").read_text())
     assert "trained layers (linear task)" in study
 
 
 def test_same_seed_gives_the_same_bytes(tmp_path):
-    config = experiments.ExperimentConfig(epochs=2, tokens_per_epoch=48 * 16, seeds=(4, 5), test_sequences=4,
+    config = section5.ExperimentConfig(epochs=2, tokens_per_epoch=48 * 16, seeds=(4, 5), test_sequences=4,
                                           checkpoints=2)
     for name in ("a", "b"):
-        save_result(tmp_path, name, experiments.run_experiment(config, progress=False))
+        save_result(tmp_path, name, section5.run_experiment(config, progress=False))
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
     assert json.loads((tmp_path / "a.json").read_text())["config"]["seeds"] == [4, 5]
 
 
 def test_worker_processes_train_the_same_models():
     """Seeds split into parts over two processes give, in float64, the models of one ensemble."""
-    config = experiments.ExperimentConfig(epochs=2, tokens_per_epoch=12 * 16, seeds=(0, 1), test_sequences=4,
+    config = section5.ExperimentConfig(epochs=2, tokens_per_epoch=12 * 16, seeds=(0, 1), test_sequences=4,
                                           checkpoints=1, dtype="float64")
-    together = experiments.run_experiment(config, progress=False)
-    split = experiments.run_experiment(config, progress=False, workers=2)
+    together = section5.run_experiment(config, progress=False)
+    split = section5.run_experiment(config, progress=False, workers=2)
     assert [(m["name"], m["seed"]) for m in together["models"]] == [(m["name"], m["seed"]) for m in split["models"]]
     for a, b in zip(together["models"], split["models"]):
         assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-9, abs=1e-12), a["name"]
@@ -113,25 +114,25 @@ def test_shorter_runs_are_the_runs_of_their_own_length():
     ``shorter_runs``) end where separate runs of those lengths end, in float64, and the schedule
     reaches the steps (the decayed run is not the constant one). Checked by hand once: keeping the
     whole run's schedule on the copies makes this test fail."""
-    config = experiments.ExperimentConfig(epochs=10, tokens_per_epoch=8 * 16, seeds=(0, 1), test_sequences=4,
+    config = section5.ExperimentConfig(epochs=10, tokens_per_epoch=8 * 16, seeds=(0, 1), test_sequences=4,
                                           checkpoints=2, dtype="float64", shorter_runs=(3,))
     variants = config.variants()[:3]
-    long = experiments.run_experiment(config, progress=False, variants=variants)
+    long = section5.run_experiment(config, progress=False, variants=variants)
     assert long["run_lengths"] == [3, 5, 10]
     for i, length in enumerate((3, 5)):
-        alone = experiments.run_experiment(replace(config, epochs=length, shorter_runs=()), progress=False,
+        alone = section5.run_experiment(replace(config, epochs=length, shorter_runs=()), progress=False,
                                            variants=variants)
         for a, b in zip(long["models"], alone["models"]):
             assert a["test_loss_by_length"][i] == pytest.approx(b["test_loss"], rel=1e-10), (length, a["name"])
-    constant = experiments.run_experiment(replace(config, schedule="constant", shorter_runs=()), progress=False,
+    constant = section5.run_experiment(replace(config, schedule="constant", shorter_runs=()), progress=False,
                                           variants=variants)
     assert constant["run_lengths"] == [10]
     # the decayed run is not the constant one: the schedule reaches the steps
     assert all(abs(a["test_loss"] - b["test_loss"]) > 1e-8 for a, b in zip(long["models"], constant["models"]))
-    assert experiments.normalised_loss(long, long["models"][0], 0.5) == pytest.approx(
+    assert section5.normalised_loss(long, long["models"][0], 0.5) == pytest.approx(
         long["models"][0]["test_loss_by_length"][1] / long["baselines"]["0"]["label_variance"])
     with pytest.raises(ValueError, match="run of 2 epochs"):
-        experiments.normalised_loss(long, long["models"][0], 0.2)
+        section5.normalised_loss(long, long["models"][0], 0.2)
 
 
 def test_command_line(tmp_path):
@@ -151,19 +152,19 @@ def test_command_line(tmp_path):
 
 def test_bad_configs_name_the_argument():
     with pytest.raises(ValueError, match="epochs"):
-        experiments.ExperimentConfig(epochs=0)
+        section5.ExperimentConfig(epochs=0)
     with pytest.raises(ValueError, match="tokens_per_epoch"):
-        experiments.ExperimentConfig(tokens_per_epoch=8)
+        section5.ExperimentConfig(tokens_per_epoch=8)
     with pytest.raises(ValueError, match="checkpoints"):
-        experiments.ExperimentConfig(checkpoints=0)
+        section5.ExperimentConfig(checkpoints=0)
     with pytest.raises(ValueError, match="unknown figure"):
         reproduce(["fig2"], out=".", quick=True, log=None)
     with pytest.raises(ValueError, match="workers"):
-        experiments.run_experiment(experiments.ExperimentConfig(), workers=0)
+        section5.run_experiment(section5.ExperimentConfig(), workers=0)
     with pytest.raises(ValueError, match="schedule"):
-        experiments.ExperimentConfig(schedule="cosine")
+        section5.ExperimentConfig(schedule="cosine")
     with pytest.raises(ValueError, match="shorter_runs"):
-        experiments.ExperimentConfig(epochs=10, shorter_runs=(10,))
+        section5.ExperimentConfig(epochs=10, shorter_runs=(10,))
 
 
 def test_convergence_study_is_separate_from_all(tmp_path):

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from conftest import random_layer_weights
 from icl_lens import attention, constructions, dual, kernels
 from icl_lens.device import generator
-from icl_lens.ffn_rank import RankConfig, rank_bound, uniform_linear
+from icl_lens.studies.ffn_rank import RankConfig, rank_bound, uniform_linear
 
 
 def relative_error(a, b):
@@ -177,7 +177,8 @@ def test_symbolic_checks_of_the_remaining_identities_and_their_failures():
 
 
 def test_rank_growth_check_and_token_spread_can_fail():
-    from icl_lens import dual, ffn_rank
+    from icl_lens import dual
+    from icl_lens.studies import ffn_rank
 
     assert ffn_rank.grows_within_noise([2.0, 5.0, 9.0, 12.0], [0.5] * 4, repeats=5)
     assert ffn_rank.grows_within_noise([2.0, 5.0, 4.8, 12.0], [0.5] * 4, repeats=5)        # within noise

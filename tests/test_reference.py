@@ -1,12 +1,16 @@
 """The book's pointers into the code: the intro's result-to-code map and the API reference page."""
 
 import importlib
+import importlib.util
 import pathlib
 import re
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("api_page", ROOT / "book" / "_ext" / "api_page.py")
+api_page = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(api_page)
 TARGET = re.compile(r"\{py:obj\}`[^`<]*<(icl_lens(?:\.\w+)+)>`")
 
 
@@ -42,8 +46,28 @@ def test_resolve_fails_on_a_name_that_is_gone():
 
 def test_api_reference_documents_every_module_and_links_real_chapters():
     page = (ROOT / "book" / "api.md").read_text()
-    documented = set(re.findall(r"^\.\. automodule:: icl_lens\.(\w+)$", page, re.M))
-    modules = {path.stem for path in (ROOT / "icl_lens").glob("*.py") if not path.stem.startswith("__")}
-    assert documented == modules, modules ^ documented
+    documented = set(re.findall(r"^\.\. automodule:: icl_lens\.([\w.]+)$", page, re.M))
+    assert documented == api_page.package_modules(), api_page.package_modules() ^ documented
     for chapter in re.findall(r"\]\((\w+)\.md\)", page):
         assert (ROOT / "book" / f"{chapter}.md").exists(), chapter
+
+
+def test_api_reference_is_written_from_the_docstrings():
+    """The page's "Used in" lines come from each module's ``Chapters:`` paragraph: the committed
+    page is what ``python book/_ext/api_page.py`` writes now."""
+    assert (ROOT / "book" / "api.md").read_text() == api_page.render(), "run: python book/_ext/api_page.py"
+
+
+def test_a_module_without_its_chapters_or_with_a_wrong_one_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "icl_lens").mkdir()
+    (tmp_path / "book").mkdir()
+    (tmp_path / "book" / "kernels.md").write_text("# Kernels\n")
+    monkeypatch.setattr(api_page, "ROOT", tmp_path)
+    (tmp_path / "icl_lens" / "kernels.py").write_text('"""Random features.\n\nChapters: kernels.\n"""\n')
+    assert api_page.chapters_of("kernels") == ["kernels"]
+    (tmp_path / "icl_lens" / "kernels.py").write_text('"""Random features."""\n')
+    with pytest.raises(ValueError, match="names no chapters"):
+        api_page.chapters_of("kernels")
+    (tmp_path / "icl_lens" / "kernels.py").write_text('"""Random features.\n\nChapters: kernel.\n"""\n')
+    with pytest.raises(ValueError, match="does not exist"):
+        api_page.chapter_title(api_page.chapters_of("kernels")[0])

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from icl_lens import glue, table1, wordnet
+from icl_lens.bert import glue, wordnet
+from icl_lens.studies import table1
 
 POODLE = ("02115987 05 n 02 poodle 0 poodle_dog 0 005 @ 02086723 n 0000 ~ 02116276 n 0000 ~ 02116364 n 0000 "
           "~ 02116451 n 0000 ~ 02116544 n 0000 | an intelligent dog with a heavy curly solid-colored coat")
@@ -115,10 +116,10 @@ def fake_record(values, *, longer=None, settings=SETTINGS):
 
 
 def verdicts(record):
-    """The verdicts in the order of table1.verdicts: regularized no gain, small |alpha| better, best
+    """The verdicts in the order of table1.claims: regularized no gain, small |alpha| better, best
     augmentation helps, g1 not worse than g2, negatives no gain, g1 + negative not worse than
     alpha + g1, g1 + negative no better than g1."""
-    return [claim["verdict"] for claim in table1.verdicts(record)]
+    return [claim["verdict"] for claim in table1.claims(record)]
 
 
 def test_paired_comparison_and_verdicts_follow_the_numbers():
@@ -154,7 +155,7 @@ def test_with_the_normal_model_still_improving_a_verdict_must_hold_at_both_lengt
     lost = verdicts(fake_record(values, longer={"normal": still, "g1": still}))
     assert kept[2] == "agrees" and lost[2] == "inconclusive"
     assert set(kept[:2] + kept[3:]) == {"inconclusive"}
-    found = table1.verdicts(fake_record(values, longer={"normal": still, "g1": still}))[2]
+    found = table1.claims(fake_record(values, longer={"normal": still, "g1": still}))[2]
     assert found["measured"]["verdict"] == "agrees" and found["longer"]["verdict"] == "disagrees"
 
 
@@ -184,10 +185,10 @@ def test_quick_study_end_to_end_pairs_every_setting_with_its_seed():
         assert len(run["validation"]) == run["epochs"] and all(math.isfinite(x) for x in run["train_loss"])
     assert 0 <= record["baselines"]["linear probe"] <= 1
     # the normal model of a seed is one run: trained again it gives the same numbers (paired controls)
-    again = table1.fine_tune_one(study, "normal", 0, study.epochs, torch.device("cpu"), False)
+    again = table1.fine_tune_one(study, "normal", 0, study.epochs, device=torch.device("cpu"))
     first = next(r for r in record["runs"] if r["setting"] == "normal" and r["seed"] == 0 and r["epochs"] == 1)
     assert again["train_loss"] == first["train_loss"]
-    assert {c["verdict"] for c in table1.verdicts(record)} <= set(("agrees", "disagrees", "inconclusive"))
+    assert {c["verdict"] for c in table1.claims(record)} <= set(("agrees", "disagrees", "inconclusive"))
 
 
 def run_command(*arguments):

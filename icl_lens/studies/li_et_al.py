@@ -1,6 +1,8 @@
 """Li et al.'s experiment (NeurIPS 2024 version of arXiv 2304.13276): a trained softmax
 self-attention layer against softmax regression after one gradient step.
 
+Chapters: closeness_experiment.
+
 The paper reports losses over training, "Preds Diff", "Model Diff", "Model Cos" and loss against d
 for documents of n = 25 and n = 200 tokens with d = 20; its protocol is not public. This module
 rebuilds it after von Oswald et al. (2023), whose three measures the paper names. Choices made here
@@ -16,19 +18,28 @@ rebuilds it after von Oswald et al. (2023), whose three measures the paper names
 * The comparator trains softmax regression on the document, L(x) = 1/2 sum_i (n f_i(x) - 1 - y_i)^2,
   by one GD step from x = 0 and predicts n exp(a_q . x_1) / alpha(x_1) - 1. At x = 0 every
   f_i = 1/n, so the step has the closed form x_1 = lr sum_i y_i (a_i - a_bar), a_bar the mean row.
-* The layer is one softmax self-attention layer (:class:`icl_lens.multitask.AttentionLayer`) on the
+* The layer is one softmax self-attention layer
+  (:class:`icl_lens.training.prompt_layer.PromptAttentionLayer`) on the
   tokens [a_i ; y_i] and [a_n ; 0]; its prediction is the label coordinate of the query's output.
 """
 
 import math
 from dataclasses import asdict, dataclass, replace
+from typing import TypedDict
 
 import torch
 
-from icl_lens import multitask
 from icl_lens import softmax_regression as sr
+from icl_lens import verdicts
 from icl_lens.device import pick
+from icl_lens.training.loop import run_jobs
+from icl_lens.training.prompt_layer import (PromptLayerConfig, converged, prompt_tokens, test_and_tuning_prompts,
+                                            train_layer)
+from icl_lens.training.prompt_layer import summary as prompt_layer_summary
 from icl_lens.validation import check_positive_float, check_positive_int
+
+MATCH = 0.05          # |trained / GD* - 1| within this: the layer matches one GD step at lr*
+ALIGNED = 0.95        # Model Cos at least this: the layer's sensitivities point where GD*'s do
 
 LEARNING_RATES = tuple(10 ** (k / 8) for k in range(-24, 25))   # 1e-3 ... 1e3, for GD*'s grid
 
@@ -119,7 +130,7 @@ def document_update(layer, prompts):
     """What the trained layer does to the document: every token attends to all tokens, and the
     input coordinates of the document rows' outputs give A_next = A + Delta A. Returns
     (A, A_next), each (P, n, d)."""
-    tokens = multitask.prompt_tokens(*prompts[:3])
+    tokens = prompt_tokens(*prompts[:3])
     with torch.no_grad():
         update = layer.attend(tokens, tokens).sum(0)
     document = tokens[..., :-1, :-1]
@@ -167,13 +178,10 @@ class StudyConfig:
     """Li et al.'s two document lengths at d = 20 (``steps`` for each), and loss against d at the
     first length with its number of steps (Li et al.'s softmax layer only; d = ``d`` is the run of
     the lengths part). Adam with the "decay" schedule (constant, then linear to 0 over the last
-    fifth): at a constant 1e-2 the test loss of single checkpoints wandered by +-0.05 of the label
-    variance and hid a slow improvement (n = 200, softmax: 0.33 at a constant rate after 6000
-    steps; 0.27, 0.25, 0.246 with decay after 4000, 8000, 16000 steps). At n = 25, 8000 steps
-    still left the softmax layer improving by 0.02 of the label variance when doubled. The
-    linear reference layer trains for ``reference_steps`` (half): doubling 8000 to 16000 steps
-    moved it by less than 0.008 at either length (median of five seeds: 0.0001 at n = 200,
-    -0.003 at n = 25), and halving it is what keeps the study near ten minutes on two cores."""
+    fifth), so that the final weights are not one draw of Adam's noise and each run can be compared
+    with the same run at half its steps (the convergence criterion). The linear reference layer
+    trains for ``reference_steps``, half the softmax layer's: the chapter shows what doubling
+    them changes."""
 
     seeds: tuple = (0, 1, 2, 3, 4)
     lengths: tuple = (25, 200)
@@ -195,23 +203,32 @@ class StudyConfig:
                        test_prompts=128)
 
 
-def run_one(study, n, d, attention, seed, steps, full, device, progress, threads=None):
+def run_one(study, n, d, attention, seed, steps, full, progress=False, *, device="cpu"):
     """Train one layer on one task; ``full`` adds the theorem on real updates and the training
-    curves (the loss-against-d runs keep only their final numbers)."""
-    if threads is not None:
-        torch.set_num_threads(threads)
+    curves (the loss-against-d runs keep only their final numbers). A job of
+    :func:`icl_lens.training.loop.run_jobs`."""
     task = SoftmaxRegressionTask(n, d)
-    config = multitask.MultitaskConfig(attention=attention, lr=study.lr, batch=study.batch, steps=steps,
+    config = PromptLayerConfig(attention=attention, lr=study.lr, batch=study.batch, steps=steps,
                                        test_prompts=study.test_prompts, seed=seed, schedule="decay")
-    layer, run = multitask.train_layer(task, config, device=device, progress=progress)
-    test, tuning = multitask.test_and_tuning_prompts(task, study.test_prompts, seed, device)
+    layer, run = train_layer(task, config, device=device, progress=progress)
+    test, tuning = test_and_tuning_prompts(task, study.test_prompts, seed, device)
     run["baselines"], run["baseline_lr"] = baseline_losses(task, test, tuning, lr_star=run["lr_star"])
     run["label_variance"] = run["baselines"]["zero"]
-    run["convergence"] = multitask.converged(run, run["label_variance"])
+    run["convergence"] = converged(run, run["label_variance"])
     if full:
         run["theorem"] = theorem_on_steps(task, layer, test, run["lr_star"])
         return run
     return {k: run[k] for k in SWEEP_KEYS}
+
+
+class StudyRecord(TypedDict):
+    """What :func:`run_study` returns and ``closeness.json`` holds: PromptRun records (with their
+    "baselines", "baseline_lr", "label_variance", "convergence", and "theorem" in the lengths part),
+    one per seed."""
+
+    study: dict                     # asdict(StudyConfig)
+    lengths: dict                   # str(n) -> {layer: [run per seed]}
+    dims: dict                      # str(d) -> {"softmax": [run per seed]} (SWEEP_KEYS only)
 
 
 def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1):
@@ -223,8 +240,8 @@ def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1):
             for n, steps, reference in order for a in LAYERS for seed in study.seeds]
     jobs += [("dims", str(d), (study, study.lengths[0], d, "softmax", seed, study.steps[0], False))
              for d in study.dims if d != study.d for seed in study.seeds]
-    runs = multitask.run_jobs(run_one, [job for *_, job in jobs], device=pick(device), progress=progress,
-                              workers=workers)
+    runs = run_jobs(run_one, [(*job, progress and workers == 1) for *_, job in jobs], device=device,
+                    workers=workers)
     record = {"study": asdict(study), "lengths": {}, "dims": {}}
     for (part, key, job), run in zip(jobs, runs):
         record[part].setdefault(key, {}).setdefault(job[3], []).append(run)
@@ -243,27 +260,17 @@ def in_numeric_order(part):
 
 
 def summary(runs):
-    """Median over seeds of the final normalised losses and measures of runs (:func:`multitask.final`)."""
-    def median(values):
-        return float(torch.tensor(values, dtype=torch.float64).median())
-
-    found = {"trained layer": median([multitask.final(r, "loss") / r["label_variance"] for r in runs])}
-    for name in runs[0]["baselines"]:
-        found[name] = median([r["baselines"][name] / r["label_variance"] for r in runs])
-    for key in ("preds_diff", "model_diff", "model_cos"):
-        if key in runs[0]:
-            found[key] = median([multitask.final(r, key) for r in runs])
-    improvements = [r["convergence"]["improvement"] for r in runs]
-    found["converged"] = median(improvements) < runs[0]["convergence"]["tolerance"]
-    return found
+    """The medians over seeds of :func:`icl_lens.training.prompt_layer.summary`, each run
+    normalised by its own label variance."""
+    return prompt_layer_summary(runs, [r["label_variance"] for r in runs])
 
 
 def closeness_verdict(summary_of_layer):
     """Li et al.'s reading, as a rule: the trained layer is *close* to one GD step when its loss is
-    within :data:`multitask.MATCH` of GD*'s and Model Cos is at least :data:`multitask.ALIGNED`."""
+    within :data:`MATCH` of GD*'s and Model Cos is at least :data:`ALIGNED`."""
     ratio = summary_of_layer["trained layer"] / summary_of_layer["one GD step (lr*)"]
-    near = abs(ratio - 1) <= multitask.MATCH
-    aligned = summary_of_layer["model_cos"] >= multitask.ALIGNED
+    near = verdicts.matches(ratio, MATCH)
+    aligned = summary_of_layer["model_cos"] >= ALIGNED
     if near and aligned:
         return "agrees"
     if not near and not aligned:
@@ -271,23 +278,24 @@ def closeness_verdict(summary_of_layer):
     return "partly: " + ("as accurate, not aligned" if near else f"aligned, but {ratio:.2f} x GD*'s loss")
 
 
-def verdicts(record):
+def claims(record):
     """Li et al.'s claims against the saved study: one entry per document length (the softmax
     layer), loss against d, and the theorem's assumptions on real updates."""
     found = []
     for n, layers in in_numeric_order(record["lengths"]).items():
         s = summary(layers["softmax"])
-        found.append({"claim": "a trained softmax self-attention layer and softmax regression after one GD step "
+        found.append({"id": f"li-closeness-n{n}",
+                      "claim": "a trained softmax self-attention layer and softmax regression after one GD step "
                                "give close predictions and models",
                       "where": "Li et al., NeurIPS version, experiments", "setting": f"n = {n}, d = {record['study']['d']}",
                       "measured": f"loss {s['trained layer']:.3f} vs GD* {s['one GD step (lr*)']:.3f}; "
                                   f"Model Cos {s['model_cos']:.3f}; Preds Diff {s['preds_diff']:.3f}",
                       "verdict": closeness_verdict(s)})
     ratios = {d: summary(layers["softmax"]) for d, layers in in_numeric_order(record["dims"]).items()}
-    near = all(abs(r["trained layer"] / r["one GD step (lr*)"] - 1) <= multitask.MATCH for r in ratios.values())
+    near = all(verdicts.matches(r["trained layer"] / r["one GD step (lr*)"], MATCH) for r in ratios.values())
     unconverged = [d for d, r in ratios.items() if not r["converged"]]
     note = f" (not converged at d = {', '.join(map(str, unconverged))})" if unconverged else ""
-    found.append({"claim": "the trained layer's loss follows one GD step's as d grows",
+    found.append({"id": "li-loss-against-d", "claim": "the trained layer's loss follows one GD step's as d grows",
                   "where": "Li et al., NeurIPS version, loss against d",
                   "setting": f"n = {record['study']['lengths'][0]}, d in {[int(d) for d in ratios]}",
                   "measured": ", ".join(f"d = {d}: {r['trained layer']:.2f} vs {r['one GD step (lr*)']:.2f}"
@@ -295,7 +303,7 @@ def verdicts(record):
                   "verdict": "agrees" if near else "disagrees"})
     small = max(r["theorem"][side]["small"] for layers in record["lengths"].values()
                 for r in layers["softmax"] for side in ("x", "A"))
-    found.append({"claim": "the main theorem's smallness assumption (a step moves every logit by less than "
+    found.append({"id": "li-smallness", "claim": "the main theorem's smallness assumption (a step moves every logit by less than "
                            "0.01) holds for the updates of this experiment",
                   "where": "Li et al., Thm 1.4", "setting": "GD* steps and the trained softmax layers' updates",
                   "measured": f"largest share of test prompts inside the condition: {small:.2f}",

@@ -1,4 +1,7 @@
-"""Paired comparisons and a computed verdict for every empirical claim of Section 5 / Appendix E.
+"""Every empirical claim of Section 5 / Appendix E as a row (:data:`CLAIMS`), paired comparisons of
+the trained models and the verdict of each claim, by the rules of :mod:`icl_lens.verdicts`.
+
+Chapters: experiments.
 
 Every modified model is compared with the normal model of the same seed and learning rate: they
 share the task weight, the training sequences, the test set and the initial weights, so the
@@ -16,26 +19,21 @@ Verdict rules (for a claim that a variant *helps*; a claim that it *hurts* is th
 With five seeds the bootstrap interval of the median runs from about the smallest to the largest
 difference, so "agrees" needs every seed better (a sign test would give p = 1/32).
 
-and a verdict that changes between half of training and the end is inconclusive (``stable``
+A verdict that changes between half of training and the end is inconclusive (``stable``
 False). Test losses are those at the end of the run, where the learning rate has decayed to 0
-(:func:`icl_lens.experiments.reported_loss`); "half of training" is the same run at half the
+(:func:`icl_lens.studies.section5.reported_loss`); "half of training" is the same run at half the
 epochs, with its own decay (for a constant-rate record: the last and the second quarter's means).
 """
 
 import math
-from dataclasses import dataclass
-
-import torch
-
+from icl_lens import verdicts
 from icl_lens.approximation import log_log_slope
-from icl_lens.device import generator as make_generator
-from icl_lens.experiments import finite_or_none, normalised_loss
+from icl_lens.studies.section5 import finite_or_none, normalised_loss
+from icl_lens.verdicts import RESAMPLES, Claim
 
 # a difference within a tenth of the normal model's loss is no effect: a band in units of the label
 # variance would be as wide as the loss itself where the layers learn the task to ~1% of it
 NO_EFFECT_SHARE = 0.1
-RESAMPLES = 10_000
-VERDICTS = ("agrees", "disagrees", "inconclusive")
 RULES = {
     "measure": "test MSE at the end of training (the learning rate decays to 0 over the last fifth of "
                "the steps), divided by the label variance of the seed's test set; paired with the normal "
@@ -54,20 +52,6 @@ RULES = {
                  "(with its own decay); if they differ the claim is inconclusive (except instability "
                  "seen at the end: a divergence is not undone by training longer)",
 }
-
-
-def bootstrap_median_interval(differences, *, resamples=RESAMPLES, level=0.95, seed=0):
-    """Percentile bootstrap interval of the median of ``differences`` (inf allowed: a diverged
-    model). Returns (low, high)."""
-    values = torch.as_tensor(differences, dtype=torch.float64)
-    if values.numel() == 0:
-        raise ValueError("differences must hold at least one value")
-    picks = torch.randint(0, len(values), (resamples, len(values)), generator=make_generator(seed))
-    medians = values[picks].sort(dim=1).values[:, (len(values) - 1) // 2]
-    tail = (1 - level) / 2
-    low, high = torch.quantile(medians.nan_to_num(posinf=1e300, neginf=-1e300), torch.tensor([tail, 1 - tail],
-                                                                                             dtype=torch.float64))
-    return float(low), float(high)
 
 
 def find_model(record, name, seed):
@@ -94,55 +78,38 @@ def paired(record, name, *, until=1.0, against=None):
         rows.append((normalised_loss(record, model, until), normalised_loss(record, other, until)))
     variant = [v for v, _ in rows]
     differences = [v - o if math.isfinite(o) else math.nan for v, o in rows]
-    kept = [d for d in differences if not math.isnan(d)]
-    low, high = bootstrap_median_interval(kept) if kept else (math.nan, math.nan)
-    median = float(torch.tensor(kept, dtype=torch.float64).median()) if kept else math.nan
-    partners = torch.tensor([o for _, o in rows], dtype=torch.float64)
-    bands = [NO_EFFECT_SHARE * o for _, o in rows]
+    compared = verdicts.paired_comparison(differences, [NO_EFFECT_SHARE * o for _, o in rows])
+    low, high = compared["interval"]
     return {
         "name": name,
         "against": against or "normal (same seed and lr)",
         "variant": [finite_or_none(v) for v in variant],
         "partner": [finite_or_none(o) for _, o in rows],
         "difference": [finite_or_none(d) for d in differences],
-        "median_variant": finite_or_none(float(torch.tensor(variant, dtype=torch.float64).median())),
-        "median_difference": finite_or_none(median),
+        "median_variant": finite_or_none(verdicts.median(variant)),
+        "median_difference": finite_or_none(compared["median"]),
         "interval": [finite_or_none(low), finite_or_none(high)],
-        "no_effect": finite_or_none(NO_EFFECT_SHARE * float(partners.median())),
-        "better": sum(d < -b for d, b in zip(differences, bands) if not math.isnan(d)),
-        "worse": sum(d > b for d, b in zip(differences, bands) if not math.isnan(d)),
+        "no_effect": finite_or_none(NO_EFFECT_SHARE * verdicts.median(o for _, o in rows)),
+        "better": compared["better"],
+        "worse": compared["worse"],
         "diverged": sum(not math.isfinite(v) for v in variant),
         "seeds": len(rows),
     }
 
 
 def inside_band(comparison):
-    """Whether the whole interval lies inside the no-effect band (False where either is missing)."""
-    low, high = comparison["interval"]
-    band = comparison["no_effect"]
-    return None not in (band, low, high) and -band <= low and high <= band
+    """Whether a comparison's whole interval lies inside its no-effect band."""
+    return verdicts.inside_band(comparison["interval"], comparison["no_effect"])
 
 
 def verdict_helps(comparison):
-    low, high = comparison["interval"]
-    if low is None or high is None:
-        return "inconclusive"
-    if inside_band(comparison):
-        return "disagrees"        # no effect worth the name
-    if high < 0:
-        return "agrees"
-    return "disagrees" if low > 0 else "inconclusive"
+    return verdicts.helps(comparison["interval"], comparison["no_effect"])
 
 
 def verdict_hurts(comparison):
-    low, high = comparison["interval"]
-    if low is None or high is None:
-        return "inconclusive" if comparison["diverged"] == 0 else "agrees"
-    if inside_band(comparison):
-        return "disagrees"
-    if low > 0:
-        return "agrees"
-    return "disagrees" if high < 0 else "inconclusive"
+    if None in comparison["interval"] and comparison["diverged"]:
+        return "agrees"      # a diverged variant is worse, whatever the interval of the rest
+    return verdicts.hurts(comparison["interval"], comparison["no_effect"])
 
 
 def verdict_unstable(comparison):
@@ -163,20 +130,6 @@ def names_where(record, predicate):
     seed = record["models"][0]["seed"]
     return [m["name"] for m in record["models"] if m["seed"] == seed and m["group"] != "normal"
             and predicate(m["group"], m["modification"])]
-
-
-@dataclass(frozen=True)
-class Claim:
-    """One empirical claim: its id, where the paper makes it, the task, the claim in our words, how
-    it is measured (``rule``: helps, hurts, unstable, worse-than-single) and which variants
-    (``select`` picks names from a record; with several, the best is used)."""
-
-    id: str
-    where: str
-    task: str
-    claim: str
-    rule: str
-    select: object
 
 
 def regularized(form, sign):

@@ -1,9 +1,12 @@
-"""Rank of the frozen FFN W_F = W_2 I_M W_1 of Theorem B.1 (Fig. 14, right).
+"""The Fig. 14 (right) study: the rank of the frozen FFN W_F = W_2 I_M W_1 of Theorem B.1.
+
+Chapters: transformer_layer, experiments.
 
 Rank(W_F) <= min(Rank(W_2), Rank(I_M), Rank(W_1)) = min(d, #active ReLU units) when W_1, W_2 have full
 rank d < d_h. The paper plots the mean of this upper bound over 1024 test prompts and 5 repeats for
-d = 12 as d_h grows. Its layers are trained; ours are freshly initialised (PyTorch's default uniform
-initialisation of a linear layer), which the book states where it shows the figure.
+d = 12 as d_h grows, on trained layers. :func:`rank_bound` measures it on freshly initialised
+layers (PyTorch's default uniform initialisation of a linear layer), :func:`trained_rank_bound` on
+attention + FFN layers trained on the linear task with the loop of :mod:`icl_lens.training.loop`.
 """
 
 import math
@@ -16,9 +19,10 @@ from icl_lens import tasks
 from icl_lens.attention import kernel_attention
 from icl_lens.device import generator as make_generator
 from icl_lens.device import pick
-from icl_lens.experiments import task_data, test_sets
 from icl_lens.kernels import PositiveRandomFeatures, draw_omega
-from icl_lens.layers import AttentionEnsemble, LayerConfig, Modification
+from icl_lens.training.data import task_data, test_sets
+from icl_lens.training.ensemble import AttentionEnsemble, LayerConfig, Modification, squared_errors
+from icl_lens.training.loop import train
 from icl_lens.validation import check_positive_int
 
 
@@ -138,42 +142,39 @@ class FeedForward(torch.nn.Module):
         return hidden @ self.W_2.transpose(-1, -2) + self.b_2[:, None, :]
 
 
-def trained_rank_bound(config, *, progress=False):
+class AttentionWithFeedForward(torch.nn.Module):
+    """Theorem B.1's layer for each model: the FFN of :class:`FeedForward` on the attention output
+    of an :class:`AttentionEnsemble` (no residual), (M, B, n, d) tokens to (M, B, d)."""
+
+    def __init__(self, attention, ffn):
+        super().__init__()
+        self.attention, self.ffn, self.seeds = attention, ffn, attention.seeds
+
+    def forward(self, tokens):
+        return self.ffn(self.attention(tokens))
+
+
+def trained_rank_bound(config, *, device="cpu", progress=False):
     """Train every (d_h, seed) layer of ``config`` as one batch and measure the rank bound.
 
     Returns per d_h the mean and std over seeds of min(d, #active ReLUs) at the query, and each
     model's training loss per epoch and final test loss (predicting the query's label)."""
+    device = pick(device)
     task = tasks.RegressionTask.linear()
     d = task.token_dim
     models = [(hidden, seed) for hidden in config.hidden_sizes for seed in config.seeds]
-    attention = AttentionEnsemble(LayerConfig(token_dim=d), [Modification()] * len(models), [s for _, s in models])
-    ffn = FeedForward(d, [h for h, _ in models], [s for _, s in models])
+    attention = AttentionEnsemble(LayerConfig(token_dim=d), [Modification()] * len(models), [s for _, s in models],
+                                  device=device)
+    ffn = FeedForward(d, [h for h, _ in models], [s for _, s in models]).to(device)
+    layer = AttentionWithFeedForward(attention, ffn)
     data = task_data(task, config.seeds)
     steps = config.tokens_per_epoch // task.num_tokens
-
-    def predict(tokens):
-        return ffn(attention(tokens))[..., -1]
-
-    history = []
-    bar = tqdm(total=config.epochs * steps, desc="fig14 (trained layers)", disable=not progress)
-    for _ in range(config.epochs):
-        tokens, targets = data.epoch(attention.seeds, steps, torch.float32, "cpu")
-        total = torch.zeros(len(models), dtype=torch.float64)
-        for step in range(steps):
-            errors = ((predict(tokens[:, step : step + 1]) - targets[:, step : step + 1, 0]) ** 2).mean(-1)
-            errors.sum().backward()
-            with torch.no_grad():
-                for parameter in (*attention.parameters(), *ffn.parameters()):
-                    if parameter.grad is not None:
-                        parameter -= config.lr * parameter.grad
-                        parameter.grad = None
-            total += errors.detach().double()
-            bar.update(1)
-        history.append((total / steps).tolist())
-    bar.close()
+    with tqdm(total=config.epochs * steps, desc="fig14 (trained layers)", disable=not progress) as bar:
+        history = train(layer, data, steps=steps, epochs=config.epochs, lr=config.lr, step_errors=squared_errors,
+                        progress=bar, sum_dtype=torch.float64)
     tests = test_sets(task, data.weights, config.num_prompts)
-    tokens = torch.stack([tests[s][0] for _, s in models]).float()
-    targets = torch.stack([tests[s][1] for _, s in models]).float()
+    tokens = torch.stack([tests[s][0] for _, s in models]).float().to(device)
+    targets = torch.stack([tests[s][1] for _, s in models]).float().to(device)
     with torch.no_grad():
         h = attention(tokens)
         active = (ffn.pre_activation(h) >= 0).sum(-1)
@@ -182,6 +183,6 @@ def trained_rank_bound(config, *, progress=False):
     return {"hidden_sizes": list(config.hidden_sizes), "d": d, "seeds": list(config.seeds),
             "mean_bound": bound.mean(1).tolist(),
             "std_bound": (bound.std(1) if len(config.seeds) > 1 else torch.zeros(len(bound))).tolist(),
-            "bound_per_seed": bound.tolist(), "train_loss": [list(row) for row in zip(*history)],
+            "bound_per_seed": bound.tolist(), "train_loss": history.T.tolist(),
             "test_loss": test.tolist(), "label_variance": [float(tests[s][1].var(unbiased=False)) for _, s in models],
             "paper_saturation": config.paper_saturation, "epochs": config.epochs, "lr": config.lr}

@@ -1,5 +1,7 @@
 """Trainable self-attention layers with the modifications of Section 4 / Appendix D, many at once.
 
+Chapters: modifications, experiments, transformer_layer.
+
 The paper trains one self-attention layer per setting (Section 5): Performer positive random features
 with d_r = 100 (d_t + d_s), or exact softmax. Each modification is a per-model switch with a neutral
 value, so models that differ in alpha, k, beta or augmentation share one set of tensors:
@@ -18,7 +20,7 @@ value, so models that differ in alpha, k, beta or augmentation share one set of 
 An :class:`AttentionEnsemble` holds M such layers as stacked weights, shape (M, ...), and maps tokens
 (M, B, n, d) to the output of each sequence's last token (the query), (M, B, d). Summing the models'
 losses and stepping with per-model learning rates is exactly M independent SGD runs: no weight is
-shared, so each model's gradient is its own loss's gradient.
+shared, so each model's gradient is its own loss's gradient (:func:`icl_lens.training.loop.train`).
 
 Temperature: q and k are multiplied by d**-1/4 each before the feature map, so exp(q' . k') is the
 paper's exp(q . k / sqrt(d_o)) (as in :mod:`icl_lens.attention`).
@@ -314,10 +316,23 @@ class AttentionEnsemble(torch.nn.Module):
         total = weights.sum(dim=-1, keepdim=True)
         return torch.where(self.renormalise[:, None, None], weights / total, weights)
 
-    def sgd_step(self, lr):
-        """p <- p - lr_m grad_m for each model m; ``lr`` (M,) holds the models' learning rates."""
-        with torch.no_grad():
-            for parameter in self.parameters():
-                if parameter.grad is not None:
-                    parameter -= lr.reshape(-1, *[1] * (parameter.dim() - 1)) * parameter.grad
-                    parameter.grad = None
+
+
+def squared_errors(ensemble, tokens, targets):
+    """Per-model mean over the batch of |s_hat - s|^2, s_hat the label part of the query's output."""
+    output_dim = targets.shape[-1]
+    predictions = ensemble(tokens)[..., -output_dim:]
+    return ((predictions - targets) ** 2).sum(-1).mean(-1)
+
+
+def test_loss(ensemble, tokens, targets):
+    """Mean squared error of each model on its test sequences, tokens (M, S, n, d), targets (M, S, d_s)."""
+    num_sequences = tokens.shape[1]
+    # keep the (models, chunk, tokens, d_r) exponent near 2^22 numbers
+    chunk = max(1, 2**22 // (ensemble.num_models * tokens.shape[2] * ensemble.omega.shape[1]))
+    with torch.no_grad():
+        parts = [
+            squared_errors(ensemble, tokens[:, i : i + chunk], targets[:, i : i + chunk]) * tokens[:, i : i + chunk].shape[1]
+            for i in range(0, num_sequences, chunk)
+        ]
+    return (torch.stack(parts).sum(0) / num_sequences).to(torch.float64)

@@ -1,4 +1,7 @@
-"""The paper's in-context regression experiments (Section 5, Appendix E): Figs. 3 and 10-13.
+"""The Section 5 study: R&L's in-context regression experiments (Section 5, Appendix E), Figs. 3
+and 6-13, trained and recorded; its claims are judged in :mod:`icl_lens.studies.section5_claims`.
+
+Chapters: experiments.
 
 One :class:`ExperimentConfig` per task, with the paper's settings where it gives them (math spec,
 Section 9): one fixed task weight per seed, N + 1 = 16 / 128 / 512 tokens, 16384 tokens per epoch,
@@ -10,31 +13,31 @@ fifth of the steps (the paper keeps it constant), five seeds, the alpha, k, beta
 learning-rate controls (a normal model at every learning rate any variant of the task uses, so each
 variant has a normal model of the same seed and learning rate to be compared with).
 
-Every model of a task (all variants, all seeds) trains as one :class:`icl_lens.layers.AttentionEnsemble`:
+Every model of a task (all variants, all seeds) trains as one
+:class:`icl_lens.training.ensemble.AttentionEnsemble`:
 model m sees its own seed's sequences, one per step, with its own learning rate. Each seed also has a
 fixed test set, on which every model is evaluated at ``checkpoints`` points of training and the
 training-free baselines of :mod:`icl_lens.baselines` are measured.
 """
 
-import copy
 import math
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
+from typing import TypedDict
 
 import torch
 from tqdm.auto import tqdm
 
-from icl_lens import baselines
-from icl_lens.approximation import AttentionLayer
+from icl_lens import baselines, verdicts
+from icl_lens.approximation import ApproximationConfig, AttentionLayer, approximation_error, compare
 from icl_lens.attention import kernel_attention
 from icl_lens.device import generator as make_generator
 from icl_lens.device import pick
 from icl_lens.dual import dual_model
-from icl_lens.kernels import PositiveRandomFeatures
-from icl_lens.layers import AttentionEnsemble, LayerConfig, Modification
-from icl_lens.multitask import lr_factor
-from icl_lens.tasks import RegressionTask, sample_sequences, sample_task_weight
+from icl_lens.kernels import PositiveRandomFeatures, draw_omega
+from icl_lens.tasks import RegressionTask, sample_sequences
+from icl_lens.training.data import task_data, test_sets
+from icl_lens.training.ensemble import AttentionEnsemble, LayerConfig, Modification, squared_errors, test_loss
+from icl_lens.training.loop import decay_schedule, fork, fork_point, run_jobs, train
 from icl_lens.validation import check_positive_int
 
 ALPHAS = (-0.5, -0.1, 0.1, 0.5)   # the paper's BERT grid
@@ -46,13 +49,51 @@ LINEAR_COMBINATIONS = (
     Modification(alpha=0.1, negative_k=3, beta=0.1),
     Modification(alpha=0.1, value_map="gelu", negative_k=3, beta=0.1),
 )
-# offsets of the generators, apart from the task's (the seed itself) and the layer's (10_000 + seed)
-TEST_SET, TEMPERATURE_SET, EQUIVALENCE_SET = 2_000_000, 3_000_000, 1_000_000
+# offsets of the generators, apart from the task's (the seed itself), the layer's (10_000 + seed) and
+# the test set's (icl_lens.training.data.TEST_SET)
+TEMPERATURE_SET, EQUIVALENCE_SET = 3_000_000, 1_000_000
 
 
 def regularized_grid(alphas, forms=("proportional", "constant")):
     """Both readings of the regularized form (Section 8.1 of the math spec) over ``alphas``."""
     return tuple(Modification(alpha=a, alpha_form=f) for f in forms for a in alphas)
+
+
+def seed_key(seed):
+    """A seed as the key of a record's per-seed maps (``baselines``, ``equivalence``,
+    ``trained_normal``, the convergence numbers): JSON's object keys are strings, so the seed, an
+    int everywhere else (``ModelRecord["seed"]``, configs), is written as its decimal string."""
+    return str(int(seed))
+
+
+class ModelRecord(TypedDict):
+    """One trained model of a task record (losses are raw MSE; None where a run diverged)."""
+
+    group: str                      # normal, regularized, augmented, negative, combination
+    name: str                       # Variant.name: unique within a seed
+    seed: int
+    modification: dict              # asdict of its Modification
+    lr: float
+    train_loss: list                # mean training loss of every epoch
+    test_curve: list                # test loss at each of the record's checkpoint_epochs
+    test_loss: float | None         # the last checkpoint's
+    test_loss_by_length: list       # test loss at the end of a run of each of run_lengths epochs
+
+
+class TaskRecord(TypedDict):
+    """What :func:`run_experiment` returns and ``task_<kind>.json`` holds."""
+
+    task: str
+    config: dict                    # plain_config(ExperimentConfig)
+    compiled: bool
+    epochs: list                    # 1 .. epochs
+    checkpoint_epochs: list
+    run_lengths: list
+    models: list                    # ModelRecord, seed by seed
+    baselines: dict                 # seed_key -> baseline_losses(...)
+    equivalence: dict               # seed_key -> equivalence_curve(...)
+    trained_normal: dict            # seed_key -> {"W_Q", "W_K", "W_V"} of the seed's normal model
+    convergence: dict               # convergence(record)
 
 
 @dataclass(frozen=True)
@@ -143,7 +184,7 @@ class ExperimentConfig:
     @property
     def trained_epochs(self):
         """Epochs of training a run costs: its own and those of the shorter runs copied off it."""
-        return self.epochs + sum(n - branch_epoch(n, self.decay_fraction) for n in self.run_lengths[:-1])
+        return self.epochs + sum(n - fork_point(n, self.decay_fraction) for n in self.run_lengths[:-1])
 
     def learning_rate(self, group):
         return self.lr_normal if group in ("normal", "regularized") else self.lr_other
@@ -213,106 +254,6 @@ def exponential_experiment():
 EXPERIMENTS = {"linear": linear_experiment, "trigonometric": trigonometric_experiment, "exponential": exponential_experiment}
 
 
-@dataclass
-class TaskData:
-    """The fixed task weight and the sequence stream of each seed."""
-
-    task: RegressionTask
-    weights: dict
-    generators: dict
-
-    def epoch(self, seeds, steps, dtype, device):
-        """(models, steps, n, d) tokens and (models, steps, d_s) targets: seed seeds[m]'s stream for model m."""
-        drawn = {s: sample_sequences(self.task, steps, self.weights[s], generator=self.generators[s]) for s in sorted(self.weights)}
-        tokens = torch.stack([drawn[s][0] for s in seeds]).to(dtype=dtype, device=device)
-        targets = torch.stack([drawn[s][1] for s in seeds]).to(dtype=dtype, device=device)
-        return tokens, targets
-
-    def copy(self):
-        """The same streams from where they stand now, drawn independently of this one's."""
-        generators = {}
-        for s, g in self.generators.items():
-            generators[s] = torch.Generator(device=g.device)
-            generators[s].set_state(g.get_state())
-        return TaskData(self.task, self.weights, generators)
-
-
-def task_data(task, seeds):
-    """Seed s draws its task weight W and then its sequences from generator(s), on cpu in float64."""
-    generators = {s: make_generator(s) for s in sorted(set(seeds))}
-    weights = {s: sample_task_weight(task, generator=generators[s]) for s in generators}
-    return TaskData(task, weights, generators)
-
-
-def squared_errors(ensemble, tokens, targets):
-    """Per-model mean over the batch of |s_hat - s|^2, s_hat the label part of the query's output."""
-    output_dim = targets.shape[-1]
-    predictions = ensemble(tokens)[..., -output_dim:]
-    return ((predictions - targets) ** 2).sum(-1).mean(-1)
-
-
-def train(ensemble, data, *, steps, epochs, lr, schedule=None, first_epoch=0, before_epoch=None, progress=None,
-          step_errors=squared_errors, after_epoch=None):
-    """SGD, one sequence per model per step; returns the per-epoch mean training loss, (epochs, models).
-
-    Epochs ``first_epoch`` to ``epochs - 1`` are trained (a run continued from a copy starts later);
-    step t of the whole run (counted from epoch 0) uses ``lr * schedule(t)`` (constant if None).
-    A model whose loss stops being finite gets nan from then on; the other models are unaffected,
-    since no weight is shared. ``step_errors`` may be a compiled :func:`squared_errors`;
-    ``progress`` is a tqdm bar (advanced once a step); ``before_epoch(epoch)`` and
-    ``after_epoch(epoch + 1)`` run around each epoch (e.g. to branch off a shorter run, to measure
-    test losses).
-    """
-    dtype, device = ensemble.W_Q.dtype, ensemble.W_Q.device
-    history = []
-    for epoch in range(first_epoch, epochs):
-        if before_epoch is not None:
-            before_epoch(epoch)
-        tokens, targets = data.epoch(ensemble.seeds, steps, dtype, device)
-        total = torch.zeros(ensemble.num_models, dtype=dtype, device=device)
-        for step in range(steps):
-            errors = step_errors(ensemble, tokens[:, step : step + 1], targets[:, step : step + 1])
-            errors.sum().backward()
-            ensemble.sgd_step(lr if schedule is None else lr * schedule(epoch * steps + step))
-            total += errors.detach()
-            if progress is not None:
-                progress.update(1)
-        history.append(total.to(torch.float64) / steps)
-        if after_epoch is not None:
-            after_epoch(epoch + 1)
-    return torch.stack(history)
-
-
-def decay_schedule(steps, decay_fraction):
-    """The "decay" schedule of a run of ``steps`` steps, as a function of the step."""
-    return lambda step: lr_factor(step, steps, decay_fraction)
-
-
-def branch_epoch(length, decay_fraction):
-    """The epoch in which a "decay" run of ``length`` epochs starts to decay: until then it is the
-    same run as any longer one, so a shorter run can be copied off a longer one there."""
-    return math.floor(length * (1 - decay_fraction))
-
-
-def test_sets(task, weights, num_sequences):
-    """{seed: (tokens, targets)}: a fixed test set per seed, drawn apart from the training stream
-    (float64, cpu). Every model and baseline of a seed is measured on the same sequences."""
-    return {s: sample_sequences(task, num_sequences, w, generator=make_generator(TEST_SET + s)) for s, w in weights.items()}
-
-
-def test_loss(ensemble, tokens, targets):
-    """Mean squared error of each model on its test sequences, tokens (M, S, n, d), targets (M, S, d_s)."""
-    num_sequences = tokens.shape[1]
-    # keep the (models, chunk, tokens, d_r) exponent near 2^22 numbers
-    chunk = max(1, 2**22 // (ensemble.num_models * tokens.shape[2] * ensemble.omega.shape[1]))
-    with torch.no_grad():
-        parts = [
-            squared_errors(ensemble, tokens[:, i : i + chunk], targets[:, i : i + chunk]) * tokens[:, i : i + chunk].shape[1]
-            for i in range(0, num_sequences, chunk)
-        ]
-    return (torch.stack(parts).sum(0) / num_sequences).to(torch.float64)
-
-
 NADARAYA_WATSON_TEMPERATURES = tuple(float(t) for t in torch.logspace(-2, 2, 17, dtype=torch.float64))
 
 
@@ -365,7 +306,7 @@ def equivalence_curve(ensemble, model, data, seed):
     return {"steps": list(range(len(predictions))), "squared_error": ((predictions - attention) ** 2).sum(-1).tolist()}
 
 
-def train_seeds(config, variants, seeds, *, device="cpu", compile=False, progress=True, position=0):
+def train_seeds(config, variants, seeds, compile=False, progress=True, position=0, *, device="cpu"):
     """Train ``variants`` for ``seeds`` as one ensemble; return, per model (seed-major order), the
     per-epoch training losses, the test losses at the checkpoints and at the end of each run length
     of ``config.run_lengths``, and the equivalence curve and trained weights of each seed's first
@@ -399,9 +340,9 @@ def train_seeds(config, variants, seeds, *, device="cpu", compile=False, progres
 
     def branch(epoch):
         for length in shorter:
-            if branch_epoch(length, config.decay_fraction) == epoch:
-                short = copy.deepcopy(ensemble)
-                train(short, data.copy(), steps=steps, epochs=length, lr=lr, schedule=schedule(length),
+            if fork_point(length, config.decay_fraction) == epoch:
+                short, short_data, _ = fork(ensemble, data)
+                train(short, short_data, steps=steps, epochs=length, lr=lr, schedule=schedule(length),
                       first_epoch=epoch, progress=bar, step_errors=step_errors)
                 ended[length] = test_loss(short, test_tokens, test_targets)
 
@@ -419,21 +360,14 @@ def train_seeds(config, variants, seeds, *, device="cpu", compile=False, progres
         normal = next((i for i, (v, s) in enumerate(models) if v.group == "normal" and s == seed), None)
         if normal is None:      # a part of a seed's variants without its normal model (workers > 1)
             continue
-        equivalence[str(seed)] = equivalence_curve(ensemble, normal, data, seed)
-        trained[str(seed)] = {name: getattr(ensemble, name)[normal].detach().cpu().tolist() for name in ("W_Q", "W_K", "W_V")}
+        equivalence[seed_key(seed)] = equivalence_curve(ensemble, normal, data, seed)
+        trained[seed_key(seed)] = {name: getattr(ensemble, name)[normal].detach().cpu().tolist() for name in ("W_Q", "W_K", "W_V")}
     return {"train_loss": history.T.tolist(), "test_curve": tested.T.tolist(), "by_length": by_length.T.tolist(),
             "equivalence": equivalence, "trained_normal": trained}
 
 
-def train_seeds_in_worker(arguments):
-    """:func:`train_seeds` in a worker process, with its share of the CPU threads."""
-    config, variants, seeds, threads, position, progress, compile = arguments
-    torch.set_num_threads(threads)
-    return train_seeds(config, variants, seeds, device="cpu", progress=progress, position=position, compile=compile)
-
-
 def run_experiment(config, *, device="cpu", progress=True, compile=False, variants=None, workers=1):
-    """Train every variant of ``config`` for every seed; return a JSON-ready dict.
+    """Train every variant of ``config`` for every seed; return a JSON-ready :class:`TaskRecord`.
 
     With ``workers=1`` all seeds train as one ensemble on ``device`` (the form for a GPU). With
     ``workers > 1`` (CPU only) each seed's variants are split into ``workers`` parts, each its own
@@ -442,9 +376,8 @@ def run_experiment(config, *, device="cpu", progress=True, compile=False, varian
     every process busy whatever the number of seeds. Models are independent either way; float32 round-off
     depends on how models are grouped and on compilation, so one setting gives one set of bytes.
 
-    ``compile=True`` runs the training step through ``torch.compile``: 2-4x faster than eager with
-    one thread per worker on this project's 2-core CPU (benchmarks/batched_training.py), after
-    seconds of compilation per process. ``variants`` replaces
+    ``compile=True`` runs the training step through ``torch.compile`` (``benchmarks/batched_training.py``
+    measures what it gains), after seconds of compilation per process. ``variants`` replaces
     ``config.variants()``, a list of :class:`Variant`. The record holds, per model, the training
     loss of every epoch and the test loss at every checkpoint (``test_curve``, on the seed's fixed
     test set), and per seed the baselines of :func:`baseline_losses` on that test set and the
@@ -453,17 +386,13 @@ def run_experiment(config, *, device="cpu", progress=True, compile=False, varian
     variants = config.variants() if variants is None else variants
     check_positive_int(workers, "workers")
     if workers == 1:
-        parts = [train_seeds(config, variants, config.seeds, device=device, compile=compile, progress=progress)]
+        jobs = [(config, variants, config.seeds, compile, progress, 0)]
     else:
-        if pick(device).type != "cpu":
-            raise ValueError(f"workers > 1 trains on the CPU; use workers=1 with device={device!r}")
-        threads = max(1, torch.get_num_threads() // workers)
         size = math.ceil(len(variants) / workers)
         chunks = [variants[i : i + size] for i in range(0, len(variants), size)]
-        jobs = [(config, chunk, (seed,), threads, i % workers, progress, compile)
+        jobs = [(config, chunk, (seed,), compile, progress, i % workers)
                 for i, (seed, chunk) in enumerate((s, c) for s in config.seeds for c in chunks)]
-        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            parts = list(pool.map(train_seeds_in_worker, jobs))
+    parts = run_jobs(train_seeds, jobs, device=device, workers=workers)
     # parts come seed by seed and, within a seed, variant part by part: the order of ``models``
     train_losses = [row for part in parts for row in part["train_loss"]]
     test_curves = [row for part in parts for row in part["test_curve"]]
@@ -493,7 +422,7 @@ def run_experiment(config, *, device="cpu", progress=True, compile=False, varian
             }
             for i, (variant, seed) in enumerate(models)
         ],
-        "baselines": {str(s): baseline_losses(config.task, weights[s], *tests[s], s) for s in config.seeds},
+        "baselines": {seed_key(s): baseline_losses(config.task, weights[s], *tests[s], s) for s in config.seeds},
         "equivalence": {seed: curve for part in parts for seed, curve in part["equivalence"].items()},
         # the trained weights of each seed's normal model (Figs. 6-9 measure trained layers)
         "trained_normal": {seed: w for part in parts for seed, w in part["trained_normal"].items()},
@@ -538,7 +467,7 @@ def reported_loss(record, model, until=1.0):
 
 def normalised_loss(record, model, until=1.0):
     """:func:`reported_loss` divided by the label variance of the model's seed (1 = predicting the mean)."""
-    return reported_loss(record, model, until) / record["baselines"][str(model["seed"])]["label_variance"]
+    return reported_loss(record, model, until) / record["baselines"][seed_key(model["seed"])]["label_variance"]
 
 
 CONVERGENCE_TOLERANCE = 0.02
@@ -561,17 +490,17 @@ def convergence(record, tolerance=CONVERGENCE_TOLERANCE, until=1.0):
     full = {s: normalised_loss(record, m, until) for s, m in first.items()}
     improvements = [half[s] - full[s] if math.isfinite(half[s]) or math.isfinite(full[s]) else math.nan
                     for s in first]
-    improvement = float(torch.tensor(improvements, dtype=torch.float64).median())
+    criterion = verdicts.converged(improvements, tolerance)
     return {
         "criterion": f"median over seeds of the improvement of the normal model's normalised test loss "
                      f"from training twice as long is below {tolerance:g}",
         "tolerance": tolerance,
         "epochs": run_length(record, until),
-        "half": {str(s): finite_or_none(v) for s, v in half.items()},
-        "full": {str(s): finite_or_none(v) for s, v in full.items()},
-        "seeds_converged": sum(d < tolerance for d in improvements),
-        "median_improvement": finite_or_none(improvement),
-        "converged": bool(math.isfinite(improvement) and improvement < tolerance),
+        "half": {seed_key(s): finite_or_none(v) for s, v in half.items()},
+        "full": {seed_key(s): finite_or_none(v) for s, v in full.items()},
+        "seeds_converged": criterion["seeds_converged"],
+        "median_improvement": finite_or_none(criterion["median_improvement"]),
+        "converged": criterion["converged"],
     }
 
 
@@ -616,7 +545,7 @@ def curves(result, group, seed=None, *, kind="test"):
     for model in result["models"]:
         if model["group"] == group and (seed is None or model["seed"] == seed):
             if kind == "test":
-                scale = result["baselines"][str(model["seed"])]["label_variance"]
+                scale = result["baselines"][seed_key(model["seed"])]["label_variance"]
                 losses = [math.nan if x is None else x / scale for x in model["test_curve"]]
             else:
                 losses = [math.nan if x is None else x for x in model["train_loss"]]
@@ -674,3 +603,31 @@ def trained_layers(record, num_tokens=16):
         W_Q, W_K, W_V = (torch.tensor(trained[n], dtype=torch.float64) for n in ("W_Q", "W_K", "W_V"))
         layers.append(AttentionLayer(tokens[0, :num_tokens], W_Q, W_K, W_V))
     return layers
+
+
+def approximation_config(quick=False, orthogonal=False):
+    """The random-feature study's settings (Figs. 6-8): the paper's, or quick mode's three d_r."""
+    if quick:
+        return ApproximationConfig(feature_counts=(10, 100, 1200), repeats=5, orthogonal=orthogonal)
+    return ApproximationConfig(orthogonal=orthogonal)
+
+
+def approximation_study(linear, *, quick, device):
+    """Figs. 6-8: random layers (iid and orthogonal features) and the trained layers of the linear
+    task's normal models (iid features), MSE / MAE against d_r."""
+    configs = {"iid (random layers)": approximation_config(quick),
+               "orthogonal (random layers)": approximation_config(quick, True)}
+    study = {name: approximation_error(c, device=device) for name, c in configs.items()}
+    study["trained layers (linear task)"] = approximation_error(
+        approximation_config(quick), device=device, layers=trained_layers(linear))
+    return study
+
+
+def heatmaps(linear, device, num_features=1200, seed=0):
+    """Fig. 9: the trained normal layer of the linear task's first seed on 16 test tokens, exact
+    attention against d_r = 1200 random features (:func:`icl_lens.approximation.compare`)."""
+    layer = trained_layers(linear)[0]
+    layer = AttentionLayer(*(x.to(device) for x in (layer.tokens, layer.W_Q, layer.W_K, layer.W_V)))
+    omega = draw_omega(layer.W_K.shape[0], num_features, generator=make_generator(seed), device=device)
+    return compare(layer, PositiveRandomFeatures(omega))
+

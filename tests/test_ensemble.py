@@ -7,11 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from icl_lens import experiments, kernels
+from icl_lens import kernels
+from icl_lens.studies import section5
+from icl_lens.training import loop
+from icl_lens.training.data import task_data
 from icl_lens import modifications as m
 from icl_lens.attention import kernel_attention, kernel_attention_weights, softmax_attention
 from icl_lens.device import generator
-from icl_lens.layers import AttentionEnsemble, LayerConfig, Modification
+from icl_lens.training.ensemble import AttentionEnsemble, LayerConfig, Modification, squared_errors
 
 from conftest import DEVICES
 
@@ -119,26 +122,29 @@ def test_renormalised_alpha_that_can_divide_by_zero_is_rejected(alpha, form):
 
 def test_batched_training_is_independent_sgd():
     """Each model of a trained ensemble equals the same model trained alone (float64, 12 steps)."""
-    config = experiments.ExperimentConfig(epochs=1, tokens_per_epoch=12 * 16, dtype="float64")
+    config = section5.ExperimentConfig(epochs=1, tokens_per_epoch=12 * 16, dtype="float64")
     variants = [Modification(), Modification(alpha=0.2), Modification(value_map="gelu", key_map="mlp-gelu"),
                 Modification(negative_k=3, beta=0.1)]
     seeds = [0, 1, 0, 1]
     lr = torch.tensor([0.003, 0.003, 0.005, 0.005], dtype=torch.float64)
     together = AttentionEnsemble(config.layer, variants, seeds, dtype=torch.float64)
-    batched = experiments.train(together, experiments.task_data(config.task, seeds), steps=12, epochs=1, lr=lr)
+    batched = loop.train(together, task_data(config.task, seeds), steps=12, epochs=1, lr=lr,
+                         step_errors=squared_errors)
     for i, (variant, seed) in enumerate(zip(variants, seeds)):
         alone = AttentionEnsemble(config.layer, [variant], [seed], dtype=torch.float64)
-        single = experiments.train(alone, experiments.task_data(config.task, [seed]), steps=12, epochs=1, lr=lr[i : i + 1])
+        single = loop.train(alone, task_data(config.task, [seed]), steps=12, epochs=1, lr=lr[i : i + 1],
+                            step_errors=squared_errors)
         assert abs(float(single[0, 0]) - float(batched[0, i])) < 1e-10 * float(single[0, 0])
         for name, parameter in alone.named_parameters():
             assert torch.allclose(parameter[0], getattr(together, name)[i], rtol=0, atol=1e-12), name
 
 
 def test_a_diverging_model_leaves_the_others_alone():
-    config = experiments.ExperimentConfig(epochs=2, tokens_per_epoch=20 * 16)
+    config = section5.ExperimentConfig(epochs=2, tokens_per_epoch=20 * 16)
     ensemble = AttentionEnsemble(config.layer, [Modification(), Modification()], [0, 0])
     lr = torch.tensor([0.003, 1e6])
-    history = experiments.train(ensemble, experiments.task_data(config.task, [0]), steps=20, epochs=2, lr=lr)
+    history = loop.train(ensemble, task_data(config.task, [0]), steps=20, epochs=2, lr=lr,
+                         step_errors=squared_errors)
     assert torch.isfinite(history[:, 0]).all() and not torch.isfinite(history[-1, 1])
 
 

@@ -1,0 +1,192 @@
+"""Figures of the Section 5 study (R&L Figs. 3, 10-13, the paired comparisons and the
+convergence study) from its saved records.
+
+Chapters: experiments.
+"""
+
+import math
+
+import matplotlib.pyplot as plt
+import torch
+
+from icl_lens.figures.style import COLUMN, FLOOR, integer_ticks, median_band, styled
+from icl_lens.figures.theory import sgd_error_panel
+from icl_lens.studies import section5, section5_claims
+
+
+BASELINES = {   # key in a record's baselines: (legend label, line style)
+    "context_mean": ("context mean (uniform attention)", ":"),
+    "nadaraya_watson": ("Nadaraya-Watson (softmax on raw inputs)", "-."),
+    "least_squares": ("least squares on the prompt", (0, (5, 2, 1, 2))),
+    "log_least_squares": ("least squares on log s", (0, (1, 1))),
+}
+
+
+def _partner_curves(result, group, seed=None):
+    """The normal model's curves at the learning rate of ``group`` (its lr-matched control)."""
+    lr = next(m["lr"] for m in result["models"] if m["group"] == group)
+    name = next(m["name"] for m in result["models"] if m["group"] == "normal" and m["lr"] == lr)
+    return section5.curves(result, "normal", seed)[name]
+
+
+def _test_panel(axis, result, named_curves, normal, *, legend=True):
+    """Normalised test loss (test MSE / label variance) at the checkpoints: median over seeds and
+    interquartile band of each variant, the normal model dashed, the baselines as horizontal lines
+    (median over seeds), the decay of the learning rate shaded; 1 is predicting the mean."""
+    epochs = result["checkpoint_epochs"]
+    medians = [median_band(axis, epochs, normal, color="black", linestyle="--", linewidth=1.4,
+                            label="normal (same lr)")]
+    for name, losses in named_curves.items():
+        medians.append(median_band(axis, epochs, losses, label=name))
+    axis.axhline(1.0, color="grey", linewidth=1.0, label="predict the mean")
+    config = result["config"]
+    if config.get("schedule") == "decay":
+        axis.axvspan(config["epochs"] * (1 - config["decay_fraction"]), config["epochs"], color="grey", alpha=0.12,
+                     linewidth=0, label="learning rate decays")
+    for key, values in section5.normalised_baselines(result).items():
+        label, style = BASELINES[key]
+        value = float(values.median())
+        axis.axhline(max(value, FLOOR), color="grey", linestyle=style, linewidth=1.0,
+                     label=label + (" (exact: 0)" if value < FLOOR else ""))
+    finite = torch.cat([m[torch.isfinite(m)] for m in medians])
+    low = max(FLOOR, 0.5 * float(finite.min())) if finite.numel() else FLOOR
+    axis.set_ylim(low * 0.8, max(2.0, 1.5 * float(finite.max())) if finite.numel() else 2.0)
+    axis.set(yscale="log", xlabel="epoch (16384 tokens)", ylabel="test MSE / label variance")
+    integer_ticks(axis)
+    axis.grid(True, which="both", alpha=0.3)
+    if legend:
+        # below the panel: the curves it would hide are the point of the figure
+        axis.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+
+
+@styled
+def experiment_figure(result, groups, *, title, seed=None, equivalence=True):
+    """The equivalence curve (Fig. 3, left), then one test-loss panel per group (normal model dashed
+    in each, baselines as horizontal lines), two a row; ``seed=None`` pools the seeds."""
+    count = len(groups) + int(equivalence)
+    rows = math.ceil(count / 2)
+    figure, axes = plt.subplots(rows, 2, figsize=(COLUMN, 5.2 * rows), squeeze=False)
+    axes = list(axes.ravel())
+    for unused in axes[count:]:
+        unused.set_visible(False)
+    if equivalence:
+        shown = result["equivalence"] if seed is None else {section5.seed_key(seed): result["equivalence"][section5.seed_key(seed)]}
+        sgd_error_panel(axes.pop(0), {f"seed {s}": curve["squared_error"] for s, curve in shown.items()},
+                        title="equivalence (Theorem 3.1)", ylabel="$\\|f(x) - h'\\|^2$", fontsize=7)
+    for axis, group in zip(axes, groups):
+        _test_panel(axis, result, section5.curves(result, group, seed), _partner_curves(result, group, seed))
+        axis.set_title(group)
+    figure.suptitle(title)
+    figure.tight_layout()
+    return figure
+
+
+@styled
+def seeds_figure(result, groups, seeds, *, title):
+    """Fig. 10: one row per seed, one test-loss panel per group."""
+    figure, axes = plt.subplots(len(seeds), len(groups), figsize=(COLUMN, 2.6 * len(seeds) + 1.8), squeeze=False)
+    for row, seed in zip(axes, seeds):
+        for axis, group in zip(row, groups):
+            _test_panel(axis, result, section5.curves(result, group, seed), _partner_curves(result, group, seed),
+                        legend=seed == seeds[0])
+            axis.set_title(f"{group}, seed {seed}")
+    figure.suptitle(title)
+    figure.tight_layout()
+    return figure
+
+
+@styled
+def combinations_figure(results, *, title="Fig. 13: combinations of modifications"):
+    """One test-loss panel per task: the combinations against the normal model and the baselines."""
+    figure, axes = plt.subplots(len(results), 1, figsize=(COLUMN, 4.6 * len(results)), squeeze=False)
+    for axis, (task, result) in zip(axes[:, 0], results.items()):
+        _test_panel(axis, result, section5.curves(result, "combination"), _partner_curves(result, "combination"))
+        axis.set_title(task)
+    figure.suptitle(title)
+    figure.tight_layout()
+    return figure
+
+
+@styled
+def variants_figure(result, group, names, *, title):
+    """Test curves of the chosen variants of one group against the normal model (an explorer frame)."""
+    figure, axis = plt.subplots(figsize=(6.4, 5.0))
+    chosen = {name: losses for name, losses in section5.curves(result, group).items() if name in names}
+    _test_panel(axis, result, chosen, _partner_curves(result, group))
+    axis.set_title(title)
+    figure.tight_layout()
+    return figure
+
+
+OFF_SCALE = 3.0   # paired differences beyond this (diverging runs) are drawn at the edge with an arrow
+
+
+@styled
+def paired_figure(results, *, title):
+    """Per task, every variant's median paired difference to the normal model (normalised test
+    loss, variant - normal) with its bootstrap 95% interval; each row's no-effect band (a share of
+    the normal model's loss) is shaded. ``results`` maps a task to rows of
+    :func:`icl_lens.studies.section5_claims.variant_rows`."""
+    heights = [max(2.5, 0.24 * len(rows) + 1.0) for rows in results.values()]
+    figure, axes = plt.subplots(len(results), 1, figsize=(COLUMN, sum(heights)), squeeze=False,
+                                gridspec_kw={"height_ratios": heights})
+    for axis, (task, rows) in zip(axes[:, 0], results.items()):
+        bands = [r["no_effect"] for r in rows if r["no_effect"]]
+        for position, row in enumerate(rows):
+            median, (low, high), band = row["median_difference"], row["interval"], row["no_effect"] or 0.0
+            axis.fill_betweenx([position - 0.4, position + 0.4], -band, band, color="grey", alpha=0.25, linewidth=0)
+            if median is None or low is None or high is None:
+                axis.text(OFF_SCALE, position, "diverged", fontsize=7, va="center", ha="right", color="red")
+                continue
+            no_effect = section5_claims.inside_band(row)
+            color = "tab:grey" if no_effect else ("tab:green" if high < 0 else ("tab:red" if low > 0 else "tab:grey"))
+            shown = [min(x, OFF_SCALE) for x in (low, median, high)]
+            axis.errorbar(shown[1], position, xerr=[[shown[1] - shown[0]], [shown[2] - shown[1]]], fmt="o",
+                          color=color, markersize=4, capsize=2)
+            if high > OFF_SCALE:
+                axis.annotate("", (OFF_SCALE * 1.6, position), (OFF_SCALE, position),
+                              arrowprops={"arrowstyle": "->", "color": color})
+        axis.axvline(0, color="black", linewidth=0.8)
+        axis.set_yticks(range(len(rows)), [r["name"] for r in rows], fontsize=7)
+        axis.invert_yaxis()
+        linear_up_to = min(bands) if bands else 1e-3
+        axis.set_xscale("symlog", linthresh=linear_up_to)
+        axis.set_xlim(-1.2, OFF_SCALE * 2)
+        # powers of ten outside the linear part only: inside it their labels would overlap
+        powers = [10.0 ** k for k in range(-6, 1) if 10.0 ** k >= linear_up_to]
+        axis.set_xticks(sorted([0.0, *powers, *(-x for x in powers)]))
+        axis.set(xlabel="variant - normal (test MSE / label variance)", title=task)
+        axis.grid(True, axis="x", alpha=0.3)
+    figure.suptitle(title)
+    figure.tight_layout()
+    return figure
+
+
+@styled
+def convergence_figure(studies):
+    """Per task, each seed's normal model: normalised test loss against the epochs of a long run
+    (line; its last fifth decays) and at the end of each shorter run copied off it (dots, where the
+    step size has decayed to 0), the saved run's epoch count marked."""
+    figure, axes = plt.subplots(len(studies), 1, figsize=(COLUMN, 3.0 * len(studies)), squeeze=False)
+    kinds = [kind for kind in section5.EXPERIMENTS if kind in studies]   # JSON sorts its keys
+    for axis, (kind, study) in zip(axes[:, 0], ((k, studies[k]) for k in kinds)):
+        record = study["record"]
+        curves = section5.curves(record, "normal")["normal"]
+        normal = [m for m in record["models"] if m["group"] == "normal"]
+        for seed, losses, model in zip(record["config"]["seeds"], curves, normal):
+            line, = axis.plot(record["checkpoint_epochs"], losses.clamp(min=FLOOR), linewidth=1.0, alpha=0.7,
+                              label=f"seed {seed}")
+            ends = [section5.normalised_loss(record, model, length / len(record["epochs"]))
+                    for length in record["run_lengths"]]
+            axis.plot(record["run_lengths"], [max(x, FLOOR) for x in ends], "o", color=line.get_color(),
+                      markersize=5)
+        axis.axvline(study["saved_run_epochs"], color="black", linestyle=":", label="saved run ends")
+        axis.axhline(1.0, color="grey", linewidth=1.0)
+        axis.set(yscale="log", xlabel="epoch (16384 tokens)", ylabel="test MSE / label variance",
+                 title=f"{kind}: normal model, long run")
+        integer_ticks(axis)
+        axis.grid(True, which="both", alpha=0.3)
+    # the colours are the seeds on every panel: one legend, where the top panel has room
+    axes[0, 0].legend(fontsize=7, loc="lower left", ncol=3)
+    figure.tight_layout()
+    return figure

@@ -1,0 +1,125 @@
+"""The loop toolkit every trained study shares: the SGD step, the "decay" schedule, the fork that
+copies a shorter run off a longer one, the ensemble's training loop and the process pool.
+
+Chapters: experiments, transformer_layer, across_tasks, closeness_experiment, bert.
+
+The "decay" schedule keeps the learning rate constant and lets it fall linearly to 0 over the last
+``decay_fraction`` of a run (warmup-stable-decay without the warmup). Two runs of different lengths
+are then the same run until the shorter one starts to decay, so the shorter one is copied off the
+longer one there (:func:`fork_point`, :func:`fork`) and costs ``decay_fraction`` of a run.
+"""
+
+import copy
+import math
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
+import torch
+
+from icl_lens.device import pick
+from icl_lens.validation import check_positive_int
+
+
+def sgd_step(parameters, lr):
+    """p <- p - lr grad for every parameter with a gradient, then the gradient is cleared. ``lr`` is
+    a number, or a tensor (M,) of per-model rates for parameters stacked over M models (dim 0)."""
+    with torch.no_grad():
+        for parameter in parameters:
+            if parameter.grad is not None:
+                rate = lr.reshape(-1, *[1] * (parameter.dim() - 1)) if torch.is_tensor(lr) else lr
+                parameter -= rate * parameter.grad
+                parameter.grad = None
+
+
+def decay_factor(step, steps, decay_fraction):
+    """The "decay" schedule at ``step`` of a run of ``steps``: 1, then a linear fall to 0 over the
+    last ``decay_fraction`` of the steps."""
+    decay_start = steps * (1 - decay_fraction)
+    return 1.0 if step < decay_start else max(0.0, (steps - step) / (steps - decay_start))
+
+
+def decay_schedule(steps, decay_fraction):
+    """:func:`decay_factor` of a run of ``steps`` steps, as a function of the step."""
+    return lambda step: decay_factor(step, steps, decay_fraction)
+
+
+def fork_point(length, decay_fraction):
+    """The unit (epoch or step, counted from 0) at which a "decay" run of ``length`` units may be
+    copied off a longer run: no step before it has decayed, so up to there the runs are one."""
+    return math.floor(length * (1 - decay_fraction))
+
+
+def copy_stream(stream):
+    """An independent copy of a data stream where it stands: a ``torch.Generator``, or an object
+    with a ``copy()`` method (a study's per-seed streams)."""
+    if isinstance(stream, torch.Generator):
+        copied = torch.Generator(device=stream.device)
+        copied.set_state(stream.get_state())
+        return copied
+    return stream.copy()
+
+
+def fork(model, stream, optimizer=None):
+    """What a shorter run continues from: a copy of the model, of its data stream and (where there
+    is one) of the optimiser's state, none of them shared with the run it was copied off.
+    Returns (model, stream, optimiser state or None)."""
+    state = None if optimizer is None else copy.deepcopy(optimizer.state_dict())
+    return copy.deepcopy(model), copy_stream(stream), state
+
+
+def train(model, data, *, steps, epochs, lr, step_errors, schedule=None, first_epoch=0, before_epoch=None,
+          after_epoch=None, progress=None, sum_dtype=None):
+    """SGD on stacked models, one sequence per model per step; returns the per-epoch mean training
+    loss, (epochs, models).
+
+    ``model`` holds M models stacked on dim 0 (an :class:`icl_lens.training.ensemble.AttentionEnsemble`,
+    or a module with its ``seeds``); ``data.epoch(model.seeds, steps, dtype, device)`` gives each
+    model its seed's sequences. ``step_errors(model, tokens, targets)`` is each model's loss (M,);
+    the models' sum is differentiated, and since no weight is shared each model gets its own
+    gradient. Epochs ``first_epoch`` to ``epochs - 1`` are trained (a forked run starts later);
+    step t of the whole run (counted from epoch 0) uses ``lr * schedule(t)`` (constant if None).
+    A model whose loss stops being finite gets nan from then on; the others are unaffected.
+    ``before_epoch(epoch)`` and ``after_epoch(epoch + 1)`` run around each epoch (to fork a shorter
+    run, to measure test losses); ``progress`` is a tqdm bar advanced once a step; the epoch's
+    losses are summed in ``sum_dtype`` (default: the model's dtype).
+    """
+    parameter = next(model.parameters())
+    dtype, device = parameter.dtype, parameter.device
+    history = []
+    for epoch in range(first_epoch, epochs):
+        if before_epoch is not None:
+            before_epoch(epoch)
+        tokens, targets = data.epoch(model.seeds, steps, dtype, device)
+        total = torch.zeros(len(model.seeds), dtype=sum_dtype or dtype, device=device)
+        for step in range(steps):
+            errors = step_errors(model, tokens[:, step : step + 1], targets[:, step : step + 1])
+            errors.sum().backward()
+            sgd_step(model.parameters(), lr if schedule is None else lr * schedule(epoch * steps + step))
+            total += errors.detach().to(total.dtype)
+            if progress is not None:
+                progress.update(1)
+        history.append(total.to(torch.float64) / steps)
+        if after_epoch is not None:
+            after_epoch(epoch + 1)
+    return torch.stack(history)
+
+
+def run_jobs(function, jobs, *, device="cpu", workers=1):
+    """``[function(*job, device=device) for job in jobs]``; with ``workers > 1`` (CPU only) in that
+    many spawned processes that share the CPU's threads equally. Every draw of the studies is
+    seeded, so a job gives the same numbers in any process."""
+    check_positive_int(workers, "workers")
+    device = pick(device)
+    if workers == 1:
+        return [function(*job, device=device) for job in jobs]
+    if device.type != "cpu":
+        raise ValueError(f"workers > 1 trains on the CPU; use workers=1 with device={str(device)!r}")
+    threads = max(1, torch.get_num_threads() // workers)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_in_worker, function, job, threads) for job in jobs]
+        return [future.result() for future in futures]
+
+
+def _in_worker(function, job, threads):
+    torch.set_num_threads(threads)
+    return function(*job, device="cpu")
