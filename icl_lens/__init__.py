@@ -17,6 +17,7 @@ The mathematics, one module per idea, each named after what it computes:
 - :mod:`icl_lens.symbolic`      sympy derivations of the identities the book checks
 - :mod:`icl_lens.tasks`         in-context regression tasks of Section 5 / Appendix E
 - :mod:`icl_lens.baselines`     training-free predictors: context mean, Nadaraya-Watson, one GD step, least squares
+- :mod:`icl_lens.context_use`   does a trained layer read its context, or answer from the query's own token?
 
 The experiments, in folders:
 

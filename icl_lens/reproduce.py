@@ -16,12 +16,17 @@ at most once per call by :class:`Run`, so adding an output is adding a row.
     fig14   Rank(W_F) bound against the FFN width on trained attention + FFN layers (Theorem B.1)
     paired  every variant against the normal model of its seed and learning rate, per task
     claims  a verdict for every empirical claim of Section 5 / Appendix E (claims.json, no figure)
+    context-use   does each trained layer read its context: the measurements of
+                  icl_lens.context_use for every model, and for layers trained across tasks
 
 Not part of ``all`` (minutes more on 2 CPU cores):
 
     convergence  the normal models of each task trained twice the saved run's epochs, with the
                  runs of 1/4, 1/2 and 3/4 of that length copied off, and the convergence
                  criterion at each doubling
+    temperature  the linear task's normal, alpha < 0 and g2 models trained again without the
+                 d**-1/4 scale of q and k, and their claims judged with and without it
+                 (temperature.json; with --reuse, the linear task's record is read from --out)
 
 Studies of their own chapters (not part of ``all``), each written with its claims
 (``<file>_claims.json``):
@@ -45,6 +50,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from icl_lens import context_use
 from icl_lens.device import pick
 from icl_lens.figures import prompt_layers as prompt_layer_figures
 from icl_lens.figures import section5 as section5_figures
@@ -211,6 +217,40 @@ def section5_verdicts(run):
     return run.save("claims", "claims", {"rules": section5_claims.RULES, "claims": verdicts})
 
 
+def context_use_output(run):
+    """Does each trained layer read its context (``context_use.json``): the measurements of
+    :mod:`icl_lens.context_use` of every model of the three tasks (from their records), and of the
+    layers trained with a new task per prompt (:func:`icl_lens.studies.across_tasks.context_use_study`,
+    trained here: the same layers as the across-tasks study's)."""
+    def compute():
+        study = across_tasks.StudyConfig()
+        study = study.quick() if run.quick else study
+        if run.seeds is not None:
+            study = replace(study, seeds=tuple(run.seeds))
+        return {"measures": context_use.MEASURES,
+                "tasks": {kind: section5.context_use_by_model(record) for kind, record in run.tasks().items()},
+                "across_tasks": across_tasks.context_use_study(study, device=run.device, workers=run.workers)}
+
+    run.shared("context_use", compute, section5_figures.context_use_figure)
+    return run.written["context_use"]
+
+
+def temperature_check(run):
+    """The linear task's normal, alpha < 0 and g2 models trained again without the d**-1/4 scale of
+    q and k, and the claims about them judged with and without it (``temperature.json``)."""
+    def compute():
+        config = section5.temperature_experiment()
+        if run.seeds is not None:
+            config = replace(config, seeds=tuple(run.seeds))
+        config = config.quick() if run.quick else config
+        record = section5.run_experiment(config, device=run.device, progress=run.log is not None,
+                                         compile=run.compile, workers=run.workers)
+        return {"record": record, "claims": section5_claims.temperature_check(run.task("linear"), record)}
+
+    run.shared("temperature", compute, lambda record: None)
+    return run.written["temperature"]
+
+
 def convergence_study(run):
     if run.reuse and (Path(run.out) / "convergence.json").exists():   # redraw only
         studies = load_result(run.out, "convergence")
@@ -266,7 +306,9 @@ def chapter_study(name):
                                             workers=run.workers)
             run.say(f"{name}: {time.perf_counter() - start:.1f} s")
         paths = run.save(name, study.file, record, study.figure(record, title=study_title(name, record)))
-        run.save(f"{name} claims", f"{study.file}_claims", {"claims": study.module.claims(record)})
+        # judged on the record as saved (JSON sorts its keys), as the chapter reads it back
+        saved = load_result(run.out, study.file)
+        run.save(f"{name} claims", f"{study.file}_claims", {"claims": study.module.claims(saved)})
         return paths
     return write
 
@@ -285,14 +327,17 @@ OUTPUTS_TABLE = {
     "fig14": (rank_figure, True),
     "paired": (paired_figure, True),
     "claims": (section5_verdicts, True),
+    "context-use": (context_use_output, True),
+    "temperature": (temperature_check, False),
     "convergence": (convergence_study, False),
     **{name: (chapter_study(name), False) for name in STUDIES},
 }
 FIGURES = tuple(name for name, (_, in_all) in OUTPUTS_TABLE.items() if in_all)
-EXTRA = ("convergence",)   # named on the command line only, never by "all"
+EXTRA = ("convergence", "temperature")   # named on the command line only, never by "all"
 STUDY_FILES = {name: study.file for name, study in STUDIES.items()}
 # what ``reproduce all`` writes (JSON names), which the experiments chapter reads
 OUTPUTS = ("fig3", "fig6-8", "fig9", "fig10", "fig11", "fig12", "fig13", "fig14", "paired", "claims",
+           "context_use",
            *(f"task_{kind}" for kind in ALL_TASKS))
 
 

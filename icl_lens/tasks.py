@@ -81,7 +81,13 @@ def sample_sequences(task, num_sequences, weight, *, generator=None):
         num_sequences, task.num_tokens, task.input_dim, generator=generator, dtype=weight.dtype, device=source
     ).to(weight.device)
     inputs = task.input_low + (task.input_high - task.input_low) * uniform
-    labels = LINKS[task.kind](inputs @ weight.T)
+    labels = task_labels(task, inputs, weight)
     targets = labels[:, -1, :].clone()
     labels[:, -1, :] = 0.0
     return torch.cat([inputs, labels], dim=-1), targets
+
+
+def task_labels(task, inputs, weight):
+    """s = g(W t) for inputs t (..., input_dim): the labels task weight ``weight`` gives."""
+    return LINKS[task.kind](inputs @ weight.T)
+

@@ -170,3 +170,28 @@ def test_bad_inputs_name_the_argument():
         ensemble(torch.full((1, 1, 16, 12), math.nan, dtype=torch.float64))
     with pytest.raises(ValueError, match="ridge"):
         ensemble_of([Modification(ridge=1.0)], kernel="softmax")(torch.zeros(1, 1, 4, 12, dtype=torch.float64))
+
+
+def test_without_the_temperature_queries_and_keys_are_not_scaled():
+    """temperature=False is the layer with W_Q and W_K each d**-1/4 larger, so the kernel sees
+    q . k instead of q . k / sqrt(d); and a query alone gets weight 1 whatever the switches."""
+    d = 12
+    tokens = torch.rand(1, 3, 16, d, generator=generator(5), dtype=torch.float64)
+    variants = [Modification(), Modification(alpha=-0.5), Modification(key_map="gelu")]
+    for kernel in ("softmax", "performer"):
+        scaled = AttentionEnsemble(LayerConfig(token_dim=d, kernel=kernel), variants[:1], [0], dtype=torch.float64)
+        plain = AttentionEnsemble(LayerConfig(token_dim=d, kernel=kernel, temperature=False), variants[:1], [0],
+                                  dtype=torch.float64)
+        with torch.no_grad():
+            plain.W_Q.mul_(d ** -0.25)
+            plain.W_K.mul_(d ** -0.25)
+        assert torch.allclose(plain(tokens), scaled(tokens), rtol=1e-12, atol=1e-12), kernel
+        assert not torch.allclose(
+            AttentionEnsemble(LayerConfig(token_dim=d, kernel=kernel, temperature=False), variants[:1], [0],
+                              dtype=torch.float64)(tokens), scaled(tokens)), kernel
+    ensemble = AttentionEnsemble(LayerConfig(token_dim=d), variants + [Modification(negative_k=3, beta=0.1)],
+                                 [0] * 4, dtype=torch.float64)
+    alone = tokens[..., -1:, :].expand(4, -1, -1, -1)
+    weights, values, _, _ = ensemble.attend(alone)
+    assert torch.allclose(weights, torch.ones_like(weights))
+    assert torch.allclose(ensemble(alone), values[..., 0, :])

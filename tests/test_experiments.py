@@ -175,3 +175,27 @@ def test_convergence_study_is_separate_from_all(tmp_path):
         assert study["criterion"][-1]["epochs"] == len(study["record"]["epochs"]) == 8
         assert {m["group"] for m in study["record"]["models"]} == {"normal"}
     assert "convergence" not in FIGURES
+
+
+def test_context_use_and_temperature_check_are_written(quick_all):
+    """Every model's context use is measured with its own forward pass (its intact loss is its
+    test loss), the layers trained across tasks are measured too, and the temperature check
+    (not part of all) trains its models without the scale and judges its claims with and
+    without it, reading the linear task's record from the run it follows."""
+    out, _ = quick_all
+    context = json.loads((out / "context_use.json").read_text())
+    for kind in KINDS:
+        record = json.loads((out / f"task_{kind}.json").read_text())
+        for model in record["models"]:
+            found = context["tasks"][kind][model["name"]][str(model["seed"])]
+            if model["test_loss"] is not None:
+                scale = record["baselines"][str(model["seed"])]["label_variance"]
+                assert abs(found["intact"] - model["test_loss"] / scale) <= 1e-4 * found["intact"] + 1e-6
+    assert set(context["across_tasks"]) == {"paper task (random-features)", "paper task (softmax)"}
+    reproduce(["temperature"], out=out, quick=True, reuse=True, log=None)   # the linear record from out
+    temperature = json.loads((out / "temperature.json").read_text())
+    assert temperature["record"]["config"]["temperature"] is False
+    assert {c["id"] for c in temperature["claims"]} == {
+        "linear-alpha-negative-proportional", "linear-alpha-negative-constant", "linear-g2"}
+    for claim in temperature["claims"]:
+        assert claim["changes"] == (claim["with"]["verdict"] != claim["without"]["verdict"])

@@ -164,3 +164,27 @@ def test_no_effect_band_is_a_share_of_the_normal_loss():
         assert result["verdict"] == verdict, normal
         assert result["measurement"]["no_effect"] == pytest.approx(section5_claims.NO_EFFECT_SHARE * normal)
         assert result["measurement"]["better"] == (5 if verdict == "agrees" else 0)
+
+
+def test_context_note_reads_the_query_weight_and_the_query_alone_loss():
+    """A variant that moves weight onto the query's own token and predicts from it alone is read
+    so; one within the factors is not; a claim that compares no variant has no note."""
+    def model(name, lr, seed):
+        return {"name": name, "group": "normal" if name == "normal" else "regularized", "lr": lr, "seed": seed}
+
+    records = {"linear": {"models": [model(n, 0.003, s) for s in (0, 1) for n in ("normal", "alpha=-0.5")]}}
+
+    def measures(weight, alone):
+        return {"intact": 0.01, "other_task_labels": 0.2, "shuffled_labels": 0.3, "query_alone": alone,
+                "query_weight": weight, "label_row_cosine": 1.0}
+
+    context = {"tasks": {"linear": {"normal": {"0": measures(0.1, 0.5), "1": measures(0.1, 0.5)},
+                                    "alpha=-0.5": {"0": measures(0.4, 0.01), "1": measures(0.4, 0.01)}}}}
+    claim = {"task": "linear", "measurement": {"name": "alpha=-0.5", "against": "normal (same seed and lr)"}}
+    note = section5_claims.context_note(claim, records, context)
+    assert note["against"] == "normal"
+    assert note["reading"] == "more weight on the query's own token; predicts better from the query alone"
+    context["tasks"]["linear"]["alpha=-0.5"] = {"0": measures(0.12, 0.4), "1": measures(0.12, 0.4)}
+    assert section5_claims.context_note(claim, records, context)["reading"].startswith("within")
+    assert section5_claims.context_note({"task": "all", "measurement": {"worst_relative_squared_gap": 0}},
+                                        records, context) is None

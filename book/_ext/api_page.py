@@ -27,7 +27,7 @@ docstring); the `[source]` link beside an entry opens its code.
 SECTIONS = (
     ("The dual view (Ren & Liu)", ("attention", "kernels", "approximation", "dual", "symbolic", "tasks",
                                    "constructions", "bounds")),
-    ("Modifications and baselines (Ren & Liu, Sec. 4-5)", ("modifications", "baselines")),
+    ("Modifications, baselines, context use (Ren & Liu, Sec. 4-5)", ("modifications", "baselines", "context_use")),
     ("Softmax regression (Li et al.)", ("softmax_regression", "counterexamples")),
     ("Training machinery", ("training", "training.ensemble", "training.prompt_layer", "training.data",
                             "training.loop")),

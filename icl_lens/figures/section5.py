@@ -190,3 +190,38 @@ def convergence_figure(studies):
     axes[0, 0].legend(fontsize=7, loc="lower left", ncol=3)
     figure.tight_layout()
     return figure
+
+
+CONTEXT_LOSSES = (("intact", "prompt\nas drawn"), ("other_task_labels", "another task's\nlabels"),
+                  ("shuffled_labels", "labels\nshuffled"), ("query_alone", "query\nalone"))
+
+
+@styled
+def context_use_figure(record):
+    """Does the trained layer read its context? For each task's normal model (one line a seed) and
+    for the layers trained with a new task per prompt: the normalised test loss with the prompt as
+    drawn, with the demonstrations' labels from another task, shuffled, and with the query alone."""
+    panels = [(f"{kind}: one task per seed, normal model", {seed: measures for seed, measures in
+                                                             record["tasks"][kind]["normal"].items()})
+              for kind in section5.EXPERIMENTS if kind in record["tasks"]]
+    panels += [(f"across tasks: {setting}", seeds) for setting, seeds in record["across_tasks"].items()]
+    columns = 3
+    rows = math.ceil(len(panels) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(COLUMN, 2.9 * rows), squeeze=False, sharey=True)
+    positions = range(len(CONTEXT_LOSSES))
+    for axis, (title, seeds) in zip(axes.flat, panels):
+        for seed, measures in seeds.items():
+            values = [measures[key] if measures[key] is not None else math.nan for key, _ in CONTEXT_LOSSES]
+            axis.plot(positions, [max(v, FLOOR) for v in values], "o-", linewidth=1.0, markersize=4, alpha=0.8,
+                      label=f"seed {seed}")
+        axis.axhline(1.0, color="grey", linewidth=1.0, linestyle="--")
+        axis.set_xticks(list(positions), [label for _, label in CONTEXT_LOSSES], fontsize=7)
+        axis.set(yscale="log", title=title.replace(": ", ":\n", 1))
+        axis.grid(True, which="both", alpha=0.3)
+    for axis in axes.flat[len(panels):]:
+        axis.set_visible(False)
+    for axis in axes[:, 0]:
+        axis.set_ylabel("test MSE / label variance")
+    axes[0, 0].legend(fontsize=7, loc="lower right")
+    figure.tight_layout()
+    return figure

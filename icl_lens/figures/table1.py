@@ -5,6 +5,7 @@ Chapters: bert.
 
 import matplotlib.pyplot as plt
 from icl_lens.figures.style import COLUMN, integer_ticks, styled
+from icl_lens.studies.table1 import NO_EFFECT
 
 
 @styled
@@ -50,7 +51,7 @@ def table1_figure(record, *, title):
                       label=None if label in labelled else label)
             labelled.add(label)
     axis.axvline(0, color="0.2", linewidth=0.8)
-    axis.axvspan(-0.01, 0.01, color="0.9", zorder=0)
+    axis.axvspan(-NO_EFFECT, NO_EFFECT, color="0.9", zorder=0)   # the study's no-effect band
     axis.set_yticks(range(len(shown)), shown)
     axis.invert_yaxis()
     axis.set(xlabel=f"{metric} - normal model's (same seed)", title="(b) against the normal model")

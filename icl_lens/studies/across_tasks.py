@@ -21,9 +21,9 @@ from typing import TypedDict
 
 import torch
 
-from icl_lens import baselines, verdicts
+from icl_lens import baselines, context_use, verdicts
 from icl_lens.attention import kernel_attention
-from icl_lens.device import pick
+from icl_lens.device import generator, pick
 from icl_lens.dual import dual_model
 from icl_lens.kernels import PositiveRandomFeatures
 from icl_lens.training.loop import run_jobs
@@ -191,10 +191,15 @@ def study_settings(study):
     return settings
 
 
+def layer_config(study, options, seed):
+    """The :class:`PromptLayerConfig` of one layer of the study: its setting's ``options`` and seed."""
+    return PromptLayerConfig(**{"steps": study.steps, "batch": study.batch, "test_prompts": study.test_prompts,
+                                "schedule": study.schedule, **options, "seed": seed})
+
+
 def run_one(study, distribution, options, seed, progress=False, *, device="cpu"):
     """Train and measure one layer of the study (a job of :func:`icl_lens.training.loop.run_jobs`)."""
-    config = PromptLayerConfig(**{"steps": study.steps, "batch": study.batch, "test_prompts": study.test_prompts,
-                                "schedule": study.schedule, **options, "seed": seed})
+    config = layer_config(study, options, seed)
     layer, run = train_layer(distribution, config, device=device, progress=progress)
     test, tuning = test_and_tuning_prompts(distribution, config.test_prompts, seed, device)
     run["baselines"], _ = baseline_losses(test, tuning)
@@ -208,6 +213,50 @@ def run_one(study, distribution, options, seed, progress=False, *, device="cpu")
             device=device).items()}
     run["config"] = asdict(config)
     return run
+
+
+# the layers whose context use is the contrast to Section 5's single-task layers: the paper's
+# linear task drawn anew for every prompt, with Section 5's random-feature layer and with softmax
+CONTEXT_SETTINGS = ("paper task (random-features)", "paper task (softmax)")
+OTHER_TASK, SHUFFLE = 4_000_000, 5_000_000    # generator offsets of the context-use draws
+
+
+def context_use_of_layer(layer, distribution, prompts, seed):
+    """The measurements of :mod:`icl_lens.context_use` for a layer trained across tasks, on test
+    ``prompts``: the other task's labels come from a fresh w for every prompt, and the label row's
+    cosine is taken with each prompt's own w (recovered exactly by least squares: N >= d and no
+    noise), averaged over the prompts."""
+    x_context, y_context, x_query, y_query = prompts
+    num_prompts, num_demos, d = x_context.shape
+    other = torch.randn(num_prompts, d, generator=generator(seed + OTHER_TASK), dtype=torch.float64)
+    other_labels = (x_context.double() * other.unsqueeze(1)).sum(-1, keepdim=True)
+    order = context_use.random_orders(num_prompts, num_demos, generator(seed + SHUFFLE))
+    found = context_use.measure(lambda tokens: layer(tokens).unsqueeze(-1), layer.query_weight,
+                                prompt_tokens(x_context, y_context, x_query), y_query.unsqueeze(-1),
+                                other_labels=other_labels.to(y_query.dtype).to(y_query.device),
+                                order=order.to(y_query.device), label_variance=distribution.label_variance)
+    w = torch.linalg.lstsq(x_context.double(), y_context.double().unsqueeze(-1)).solution.squeeze(-1)
+    row = layer.W_V.detach().sum(0)[-1, :d].double().to(w.device)
+    found["label_row_cosine"] = torch.nn.functional.cosine_similarity(row.expand_as(w), w, dim=-1).mean()
+    return {name: float(value) for name, value in found.items()}
+
+
+def run_context_use(study, setting, seed, *, device="cpu"):
+    """One layer of ``setting`` trained as :func:`run_one` trains it (the same seed, prompts and
+    steps: the same layer), and its context use (a job of :func:`icl_lens.training.loop.run_jobs`)."""
+    distribution, options = study_settings(study)[setting]
+    config = layer_config(study, options, seed)
+    layer, _ = train_layer(distribution, config, device=device)
+    test, _ = test_and_tuning_prompts(distribution, config.test_prompts, seed, device)
+    return context_use_of_layer(layer, distribution, test, seed)
+
+
+def context_use_study(study=StudyConfig(), *, device="cpu", workers=1):
+    """{setting: {seed: context use}} for :data:`CONTEXT_SETTINGS` over the study's seeds."""
+    jobs = [(study, setting, seed) for setting in CONTEXT_SETTINGS for seed in study.seeds]
+    found = run_jobs(run_context_use, jobs, device=device, workers=workers)
+    return {setting: {str(seed): found[i * len(study.seeds) + j] for j, seed in enumerate(study.seeds)}
+            for i, setting in enumerate(CONTEXT_SETTINGS)}
 
 
 class StudyRecord(TypedDict):

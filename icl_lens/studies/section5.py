@@ -27,14 +27,15 @@ from typing import TypedDict
 import torch
 from tqdm.auto import tqdm
 
-from icl_lens import baselines, verdicts
+from icl_lens import baselines, context_use, verdicts
 from icl_lens.approximation import ApproximationConfig, AttentionLayer, approximation_error, compare
 from icl_lens.attention import kernel_attention
+from icl_lens.context_use import random_orders
 from icl_lens.device import generator as make_generator
 from icl_lens.device import pick
 from icl_lens.dual import dual_model
 from icl_lens.kernels import PositiveRandomFeatures, draw_omega
-from icl_lens.tasks import RegressionTask, sample_sequences
+from icl_lens.tasks import RegressionTask, sample_sequences, sample_task_weight, task_labels
 from icl_lens.training.data import task_data, test_sets
 from icl_lens.training.ensemble import AttentionEnsemble, LayerConfig, Modification, squared_errors, test_loss
 from icl_lens.training.loop import decay_schedule, fork, fork_point, run_jobs, train
@@ -52,6 +53,7 @@ LINEAR_COMBINATIONS = (
 # offsets of the generators, apart from the task's (the seed itself), the layer's (10_000 + seed) and
 # the test set's (icl_lens.training.data.TEST_SET)
 TEMPERATURE_SET, EQUIVALENCE_SET = 3_000_000, 1_000_000
+OTHER_TASK, SHUFFLE = 4_000_000, 5_000_000      # the context-use measurements' draws
 
 
 def regularized_grid(alphas, forms=("proportional", "constant")):
@@ -78,6 +80,7 @@ class ModelRecord(TypedDict):
     test_curve: list                # test loss at each of the record's checkpoint_epochs
     test_loss: float | None         # the last checkpoint's
     test_loss_by_length: list       # test loss at the end of a run of each of run_lengths epochs
+    context_use: dict               # icl_lens.context_use.MEASURES at the end of the run
 
 
 class TaskRecord(TypedDict):
@@ -129,6 +132,7 @@ class ExperimentConfig:
     test_sequences: int = 64              # a fixed test set per seed
     checkpoints: int = 16                 # test losses measured at epochs * j / checkpoints
     kernel: str = "performer"
+    temperature: bool = True              # q, k times d**-1/4 (LayerConfig.temperature)
     dtype: str = "float32"
     # not the paper's: its constant rate, then a linear fall to 0 over the last ``decay_fraction``
     # of the steps, so a run ends on its weights rather than on one draw of SGD's noise, and the
@@ -165,7 +169,7 @@ class ExperimentConfig:
 
     @property
     def layer(self):
-        return LayerConfig(token_dim=self.task.token_dim, kernel=self.kernel)
+        return LayerConfig(token_dim=self.task.token_dim, kernel=self.kernel, temperature=self.temperature)
 
     @property
     def checkpoint_epochs(self):
@@ -249,6 +253,14 @@ def exponential_experiment():
         negatives=((3, 0.1),),
         combinations=(Modification(alpha=0.1, key_map="gelu"), Modification(key_map="gelu", negative_k=3, beta=0.1)),
     )
+
+
+def temperature_experiment():
+    """The temperature check: the linear task's normal, alpha < 0 (both readings) and g2 models with
+    q and k left unscaled (``temperature=False``; the book's layers scale each by d**-1/4, so that
+    exp(q . k) is softmax's exp(q . k / sqrt(d)), which the papers' dual-model theorems leave out)."""
+    return replace(linear_experiment(), temperature=False, regularized=regularized_grid((-0.5, -0.1)),
+                   augmentations=(("none", "gelu"),), negatives=(), combinations=())
 
 
 EXPERIMENTS = {"linear": linear_experiment, "trigonometric": trigonometric_experiment, "exponential": exponential_experiment}
@@ -363,7 +375,39 @@ def train_seeds(config, variants, seeds, compile=False, progress=True, position=
         equivalence[seed_key(seed)] = equivalence_curve(ensemble, normal, data, seed)
         trained[seed_key(seed)] = {name: getattr(ensemble, name)[normal].detach().cpu().tolist() for name in ("W_Q", "W_K", "W_V")}
     return {"train_loss": history.T.tolist(), "test_curve": tested.T.tolist(), "by_length": by_length.T.tolist(),
-            "equivalence": equivalence, "trained_normal": trained}
+            "equivalence": equivalence, "trained_normal": trained,
+            "context_use": measure_context_use(ensemble, data, tests, config.task)}
+
+
+def measure_context_use(ensemble, data, tests, task):
+    """The measurements of :mod:`icl_lens.context_use` for every model of a trained ensemble, on
+    its seed's test set: one dict per model. The other task's weight and the shuffles are drawn per
+    seed, so the models of a seed are measured on the same prompts."""
+    dtype, device = ensemble.W_Q.dtype, ensemble.W_Q.device
+    seeds, output_dim = ensemble.seeds, task.output_dim
+    tokens = torch.stack([tests[s][0] for s in seeds]).to(dtype=dtype, device=device)
+    targets = torch.stack([tests[s][1] for s in seeds]).to(dtype=dtype, device=device)
+    num_prompts, n = tokens.shape[1], tokens.shape[2]
+    other, order = {}, {}
+    for s in sorted(set(seeds)):
+        weight = sample_task_weight(task, generator=make_generator(OTHER_TASK + s))
+        other[s] = task_labels(task, tests[s][0][:, :-1, : task.input_dim], weight)
+        order[s] = random_orders(num_prompts, n - 1, make_generator(SHUFFLE + s))
+    chunk = max(1, 2**22 // (ensemble.num_models * n * ensemble.omega.shape[1]))
+
+    def chunked(function, prompts):
+        return torch.cat([function(prompts[:, i : i + chunk]) for i in range(0, num_prompts, chunk)], dim=1)
+
+    found = context_use.measure(
+        lambda prompts: chunked(lambda part: ensemble(part)[..., -output_dim:], prompts),
+        lambda prompts: chunked(lambda part: ensemble.attend(part)[0][..., -1], prompts),
+        tokens, targets, other_labels=torch.stack([other[s] for s in seeds]).to(dtype=dtype, device=device),
+        order=torch.stack([order[s] for s in seeds]).to(device),
+        label_variance=torch.tensor([float(tests[s][1].var(unbiased=False)) for s in seeds], dtype=dtype,
+                                    device=device))
+    found["label_row_cosine"] = context_use.label_row_cosine(
+        ensemble.W_V.detach(), torch.stack([data.weights[s] for s in seeds]))
+    return [{name: float(values[m]) for name, values in found.items()} for m in range(ensemble.num_models)]
 
 
 def run_experiment(config, *, device="cpu", progress=True, compile=False, variants=None, workers=1):
@@ -397,6 +441,7 @@ def run_experiment(config, *, device="cpu", progress=True, compile=False, varian
     train_losses = [row for part in parts for row in part["train_loss"]]
     test_curves = [row for part in parts for row in part["test_curve"]]
     by_length = [row for part in parts for row in part["by_length"]]
+    context_uses = [row for part in parts for row in part["context_use"]]
     models = [(variant, seed) for seed in config.seeds for variant in variants]
     weights = task_data(config.task, config.seeds).weights
     tests = test_sets(config.task, weights, config.test_sequences)
@@ -419,6 +464,8 @@ def run_experiment(config, *, device="cpu", progress=True, compile=False, varian
                 "test_loss": finite_or_none(test_curves[i][-1]),
                 # the test loss at the end of a run of each of ``run_lengths`` epochs
                 "test_loss_by_length": [finite_or_none(x) for x in by_length[i]],
+                # does the trained layer read its context? (icl_lens.context_use)
+                "context_use": {name: finite_or_none(x) for name, x in context_uses[i].items()},
             }
             for i, (variant, seed) in enumerate(models)
         ],
@@ -429,6 +476,14 @@ def run_experiment(config, *, device="cpu", progress=True, compile=False, varian
     }
     record["convergence"] = convergence(record)
     return record
+
+
+def context_use_by_model(record):
+    """{model name: {seed: the measurements of icl_lens.context_use}} of a task record."""
+    found = {}
+    for model in record["models"]:
+        found.setdefault(model["name"], {})[seed_key(model["seed"])] = model["context_use"]
+    return found
 
 
 def window_loss(record, model, until=1.0):

@@ -26,7 +26,7 @@ epochs, with its own decay (for a constant-rate record: the last and the second 
 """
 
 import math
-from icl_lens import verdicts
+from icl_lens import context_use, verdicts
 from icl_lens.approximation import log_log_slope
 from icl_lens.studies.section5 import finite_or_none, normalised_loss
 from icl_lens.verdicts import RESAMPLES, Claim
@@ -201,6 +201,30 @@ CLAIMS = (
 )
 
 
+# the claims the temperature check judges again on layers without the d**-1/4 scale
+TEMPERATURE_CLAIMS = (
+    *(c for c in CLAIMS if c.id in ("linear-alpha-negative-proportional", "linear-alpha-negative-constant")),
+    Claim("linear-g2", "Sec. 5, App. E.1, Fig. 3", "linear",
+          "augmenting the keys with one GELU layer (g2) improves the layer", "helps", augmented("none", "gelu")),
+)
+
+
+def temperature_check(with_scale, without_scale):
+    """Each of :data:`TEMPERATURE_CLAIMS` judged on the linear task's record (``with_scale``) and on
+    the same models trained without the temperature (``without_scale``), side by side."""
+    found = []
+    for claim in TEMPERATURE_CLAIMS:
+        pair = {}
+        for key, record in (("with", with_scale), ("without", without_scale)):
+            (judged,) = evaluate({"linear": record}, (claim,))
+            m = judged["measurement"]
+            pair[key] = {"variant": m["name"], "median_difference": m["median_difference"],
+                         "interval": m["interval"], "no_effect": m["no_effect"], "better": m["better"],
+                         "worse": m["worse"], "verdict": judged["verdict"]}
+        found.append({"id": claim.id, "claim": claim.claim, **pair, "changes": pair["with"]["verdict"] != pair["without"]["verdict"]})
+    return found
+
+
 def measure(claim, record, until):
     """(comparison, verdict) of one claim on one task record at ``until`` of training."""
     names = names_where(record, claim.select)
@@ -274,6 +298,39 @@ def rank_claim(rank):
             "rule": "saturates", "measurement": {"hidden_sizes": rank["hidden_sizes"], "mean_bound": rank["mean_bound"],
                                                  "first_saturated": min(saturated) if saturated else None},
             "stable": True, "verdict": "agrees" if wide and min(wide) >= d - 0.5 else "disagrees"}
+
+
+RAISED = 1.5      # a variant's median query weight at least this many times its partner's: "raised"
+
+
+def context_note(claim, records, context):
+    """How the variant a claim is judged on differs in context use from the model it is compared
+    with (medians over seeds of :mod:`icl_lens.context_use`'s measurements, from ``context``, the
+    saved ``context_use.json``), or None for a claim that compares no variant. ``reading`` says
+    whether the variant puts more (or less) weight on the query's own token (:data:`RAISED` times
+    its partner's, or that fraction) and whether it predicts better (half its partner's loss) or
+    worse (twice) from the query alone."""
+    m = claim["measurement"]
+    if "name" not in m or claim["task"] not in records:
+        return None
+    record, by_name = records[claim["task"]], context["tasks"][claim["task"]]
+    seed = record["models"][0]["seed"]
+    variant = find_model(record, m["name"], seed)
+    against = partner(record, variant)["name"] if m["against"].startswith("normal") else m["against"]
+    ours, theirs = context_use.medians(by_name[m["name"]]), context_use.medians(by_name[against])
+    readings = []
+    if None not in (ours["query_weight"], theirs["query_weight"]):
+        if ours["query_weight"] > RAISED * max(theirs["query_weight"], 1e-12):
+            readings.append("more weight on the query's own token")
+        elif ours["query_weight"] < theirs["query_weight"] / RAISED:
+            readings.append("less weight on the query's own token")
+    if None not in (ours["query_alone"], theirs["query_alone"]):
+        if ours["query_alone"] < 0.5 * theirs["query_alone"]:
+            readings.append("predicts better from the query alone")
+        elif ours["query_alone"] > 2 * theirs["query_alone"]:
+            readings.append("predicts worse from the query alone")
+    return {"variant": m["name"], "against": against, "variant_measures": ours, "against_measures": theirs,
+            "reading": "; ".join(readings) or "within these factors of the model it is compared with"}
 
 
 def variant_rows(record, until=1.0):

@@ -23,7 +23,8 @@ losses and stepping with per-model learning rates is exactly M independent SGD r
 shared, so each model's gradient is its own loss's gradient (:func:`icl_lens.training.loop.train`).
 
 Temperature: q and k are multiplied by d**-1/4 each before the feature map, so exp(q' . k') is the
-paper's exp(q . k / sqrt(d_o)) (as in :mod:`icl_lens.attention`).
+paper's exp(q . k / sqrt(d_o)) (as in :mod:`icl_lens.attention`); ``LayerConfig(temperature=False)``
+leaves them unscaled.
 """
 
 import math
@@ -97,6 +98,9 @@ class LayerConfig:
     token_dim: int = 12
     num_features: int = None
     kernel: str = "performer"                 # or "softmax"
+    # q and k each times d**-1/4, so that exp(q'.k') is exp(q.k / sqrt(d)) (Eq. (1)); the dual-model
+    # theorems omit the scale and the experiments do not state it (the appendix of departures)
+    temperature: bool = True
 
     def __post_init__(self):
         check_positive_int(self.token_dim, "token_dim")
@@ -205,8 +209,8 @@ class AttentionEnsemble(torch.nn.Module):
             raise ValueError(
                 f"tokens must be (models={expected[0]}, batch, tokens, dim={expected[1]}), got {tuple(tokens.shape)}"
             )
-        if tokens.shape[2] < 2:
-            raise ValueError("tokens must hold at least one demonstration and the query (n >= 2)")
+        if tokens.shape[2] < 1:
+            raise ValueError("tokens must hold at least the query (n >= 1)")
         if tokens.dtype != self.W_Q.dtype or tokens.device != self.W_Q.device:
             raise ValueError(f"tokens ({tokens.dtype}, {tokens.device}) must match the ensemble ({self.W_Q.dtype}, {self.W_Q.device})")
         # a data-dependent check would split a compiled graph; compiled training draws its own tokens
@@ -289,20 +293,28 @@ class AttentionEnsemble(torch.nn.Module):
         weights = torch.linalg.solve(gram + ridge * eye, phi_k @ phi_q.unsqueeze(-1))
         return (v.transpose(-1, -2) @ weights).squeeze(-1)
 
-    def forward(self, tokens):
-        """Output of the last token (the query) of every sequence: tokens (M, B, n, d) -> (M, B, d)."""
+    def attend(self, tokens):
+        """The query's attention over the tokens: (weights (M, B, n), values (M, B, n, d), and the
+        scaled query (M, B, d) and keys (M, B, n, d)). A prompt of the query alone (n = 1) has no
+        demonstration to shift with negative samples."""
         self.check_tokens(tokens)
-        root = self.config.token_dim ** -0.25
+        root = self.config.token_dim ** -0.25 if self.config.temperature else 1.0
         k = self.keys(tokens)
-        value_tokens = self.with_negatives(tokens, k) if self.uses["negative"] else tokens
+        value_tokens = self.with_negatives(tokens, k) if self.uses["negative"] and tokens.shape[-2] > 1 else tokens
         v = self.values(value_tokens)
-        q = batched_linear(tokens[..., -1:, :], self.W_Q).squeeze(-2)
-        weights = torch.softmax(self.query_log_scores(root * q, root * k), dim=-1)
+        q = root * batched_linear(tokens[..., -1:, :], self.W_Q).squeeze(-2)
+        k = root * k
+        weights = torch.softmax(self.query_log_scores(q, k), dim=-1)
         if self.uses["alpha"]:
             weights = self.regularize(weights)
+        return weights, v, q, k
+
+    def forward(self, tokens):
+        """Output of the last token (the query) of every sequence: tokens (M, B, n, d) -> (M, B, d)."""
+        weights, v, q, k = self.attend(tokens)
         out = (weights.unsqueeze(-2) @ v).squeeze(-2)
         if self.uses["ridge"]:
-            out = torch.where((self.ridge > 0)[:, None, None], self.ridge_output(root * q, root * k, v), out)
+            out = torch.where((self.ridge > 0)[:, None, None], self.ridge_output(q, k, v), out)
         return out
 
     def regularize(self, weights):

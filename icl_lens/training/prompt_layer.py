@@ -128,19 +128,26 @@ class PromptAttentionLayer(torch.nn.Module):
         forms) in another order: the query is moved through W_Q^T W_K and the weights are applied
         to the tokens before W_V, so no token is projected. A step then costs O(N D) per prompt
         instead of O(N D^2) when only the query attends, which is what makes n = 200 trainable."""
-        outputs = []
-        for W_Q, W_K, W_V in zip(self.W_Q, self.W_K, self.W_V):
+        return torch.stack([(weights @ tokens) @ W_V.T for weights, W_V in zip(self.weights(queries, tokens), self.W_V)])
+
+    def weights(self, queries, tokens):
+        """Each head's attention weights of the rows ``queries`` over ``tokens``: a list of (P, T, n)."""
+        found = []
+        for W_Q, W_K in zip(self.W_Q, self.W_K):
             if self.attention == "random-features":
                 features = PositiveRandomFeatures(self.omega)
-                weights = kernel_attention_weights(queries, tokens, W_Q, W_K, feature_map=features)
+                found.append(kernel_attention_weights(queries, tokens, W_Q, W_K, feature_map=features))
             else:
                 scores = (queries @ W_Q.T @ W_K) @ tokens.transpose(-1, -2)
                 if self.attention == "linear":
-                    weights = scores / (tokens.shape[-2] - 1)
+                    found.append(scores / (tokens.shape[-2] - 1))
                 else:   # softmax with the paper's temperature 1 / sqrt(d_o)
-                    weights = torch.softmax(scores / math.sqrt(W_K.shape[0]), dim=-1)
-            outputs.append((weights @ tokens) @ W_V.T)
-        return torch.stack(outputs)
+                    found.append(torch.softmax(scores / math.sqrt(W_K.shape[0]), dim=-1))
+        return found
+
+    def query_weight(self, tokens):
+        """The query's attention weight on its own token, mean over heads, (P,)."""
+        return torch.stack([w[..., 0, -1] for w in self.weights(tokens[..., -1:, :], tokens)]).mean(0)
 
     def head_outputs(self, tokens):
         """Each head's output at the query token (the last row), (heads, P, D)."""

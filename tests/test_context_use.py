@@ -1,0 +1,105 @@
+"""Does a trained layer read its context (icl_lens.context_use)? The prompt changes on hand-built
+prompts, the measurements on predictors that do and do not read their context, and the saved
+run's measurements against its records."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from icl_lens import context_use
+from icl_lens.device import generator
+from icl_lens.results import repository_root
+
+SAVED = repository_root() / "book" / "data" / "experiments"
+
+
+def prompts(count=256, demonstrations=15, d=4, seed=0):
+    """Linear tasks as rows [x ; y], the query's label 0: tokens (P, N + 1, d + 1), targets (P, 1)."""
+    g = generator(seed)
+    x = torch.rand(count, demonstrations + 1, d, generator=g, dtype=torch.float64) * 2 - 1
+    w = torch.randn(d, generator=g, dtype=torch.float64)
+    y = x @ w
+    tokens = torch.cat([x, y.unsqueeze(-1)], dim=-1)
+    tokens[:, -1, -1] = 0.0
+    return tokens, y[:, -1:].clone(), w
+
+
+def test_prompt_changes_touch_the_demonstrations_labels_only():
+    tokens, _, _ = prompts(count=8)
+    labels = torch.full((8, 15, 1), 7.0, dtype=torch.float64)
+    changed = context_use.with_demonstration_labels(tokens, labels)
+    assert torch.equal(changed[:, :, :-1], tokens[:, :, :-1]) and torch.equal(changed[:, -1], tokens[:, -1])
+    assert (changed[:, :-1, -1] == 7.0).all()
+    order = context_use.random_orders(8, 15, generator(1))
+    shuffled = context_use.shuffled_labels(tokens, order, 1)
+    assert torch.equal(shuffled[:, :, :-1], tokens[:, :, :-1])
+    assert torch.equal(shuffled[:, :-1, -1].sort(-1).values, tokens[:, :-1, -1].sort(-1).values)
+    assert not torch.equal(shuffled, tokens)
+
+
+def measured(predict, tokens, targets):
+    other = torch.randn(tokens.shape[0], tokens.shape[1] - 1, 1, generator=generator(2), dtype=torch.float64)
+    order = context_use.random_orders(tokens.shape[0], tokens.shape[1] - 1, generator(3))
+    weight = lambda t: torch.full(t.shape[:-2], 1.0 / t.shape[-2], dtype=torch.float64)   # noqa: E731
+    return context_use.measure(predict, weight, tokens, targets, other_labels=other, order=order,
+                               label_variance=float(targets.var(unbiased=False)))
+
+
+def test_a_layer_that_stores_the_task_loses_nothing_without_its_context():
+    tokens, targets, w = prompts()
+    found = measured(lambda t: (t[..., -1, :-1] @ w).unsqueeze(-1), tokens, targets)
+    assert found["intact"] < 1e-20
+    for key in ("other_task_labels", "shuffled_labels", "query_alone"):
+        assert found[key] == found["intact"], key
+
+
+def test_a_layer_that_reads_its_context_is_hurt_without_it():
+    """Least squares on the demonstrations (a reader of its context) is exact with the prompt
+    intact, wrong with another task's or shuffled labels, and at the mean's loss or worse alone."""
+    tokens, targets, _ = prompts()
+
+    def least_squares(t):
+        if t.shape[-2] == 1:              # no demonstration: predict the mean label, 0
+            return torch.zeros(t.shape[0], 1, dtype=t.dtype)
+        x, y = t[..., :-1, :-1], t[..., :-1, -1:]
+        fitted = torch.linalg.lstsq(x, y).solution
+        return (t[..., -1:, :-1] @ fitted).squeeze(-2)
+
+    found = measured(least_squares, tokens, targets)
+    assert found["intact"] < 1e-20
+    assert found["other_task_labels"] > 0.5 and found["shuffled_labels"] > 0.5
+    assert found["query_alone"] > 0.9
+
+
+def test_label_row_cosine_finds_the_stored_task_weight():
+    w = torch.tensor([[1.0, -2.0, 0.5]], dtype=torch.float64)
+    W_V = torch.zeros(4, 4, dtype=torch.float64)
+    W_V[-1, :3] = 3 * w
+    assert float(context_use.label_row_cosine(W_V, w)) == pytest.approx(1.0)
+    assert float(context_use.label_row_cosine(-W_V, w)) == pytest.approx(-1.0)
+    W_V[-1, :3] = torch.tensor([2.0, 1.0, 0.0])     # orthogonal to w
+    assert float(context_use.label_row_cosine(W_V, w)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_medians_leave_out_diverged_seeds():
+    by_seed = {"0": dict.fromkeys(context_use.MEASURES, 1.0), "1": dict.fromkeys(context_use.MEASURES, 3.0),
+               "2": dict.fromkeys(context_use.MEASURES, None)}
+    assert context_use.medians(by_seed)["intact"] == 1.0       # torch: the lower of two middles
+    assert context_use.medians(by_seed, seeds={"2"})["intact"] is None
+
+
+def test_saved_run_measures_every_model_and_the_intact_loss_is_its_test_loss():
+    assert (SAVED / "context_use.json").exists(), "the saved full run: python -m icl_lens reproduce all"
+    context = json.loads((SAVED / "context_use.json").read_text())
+    for kind in ("linear", "trigonometric", "exponential"):
+        record = json.loads((SAVED / f"task_{kind}.json").read_text())
+        for model in record["models"]:
+            found = context["tasks"][kind][model["name"]][str(model["seed"])]
+            assert set(found) == set(context_use.MEASURES)
+            if model["test_loss"] is not None and math.isfinite(model["test_loss"]):
+                scale = record["baselines"][str(model["seed"])]["label_variance"]
+                assert found["intact"] == pytest.approx(model["test_loss"] / scale, rel=1e-4, abs=1e-6)
+    for setting, seeds in context["across_tasks"].items():
+        assert len(seeds) >= 5 and all(set(v) == set(context_use.MEASURES) for v in seeds.values()), setting
