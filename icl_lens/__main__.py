@@ -1,4 +1,5 @@
 """Command line: ``python -m icl_lens reproduce fig3 [--quick] [--device auto] [--seeds 0 1 2 3 4] [--out DIR]``
+``python -m icl_lens claims [--write]`` (every claim's verdict, from the saved records)
 and ``python -m icl_lens glue --task rte --alpha 0.1 ... [--model PATH_OR_NAME] [--data DIR]`` (R&L Table 1;
 on several GPUs: ``accelerate launch -m icl_lens glue ...``)."""
 
@@ -46,9 +47,14 @@ def main(argv=None):
     glue.add_argument("--validation-size", type=int, default=1000, help="wordnet-entailment's validation pairs")
     glue.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
     glue.add_argument("--out", help="output folder (default results/glue)")
+    table = commands.add_parser("claims", help="every claim of both papers and its verdict, from the saved records")
+    table.add_argument("--data", help="the folder of saved records (default book/data)")
+    table.add_argument("--write", action="store_true", help="also write claims.json into that folder")
     args = parser.parse_args(argv)
     if args.command == "glue":
         return run_glue(parser, args)
+    if args.command == "claims":
+        return print_claims(parser, args)
     out = args.out or results_dir("experiments-quick" if args.quick else "experiments")
     start = time.perf_counter()
     try:
@@ -59,6 +65,21 @@ def main(argv=None):
     for name, paths in written.items():
         print(f"{name}: {', '.join(str(p) for p in paths.values())}")
     print(f"done in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+
+
+def print_claims(parser, args):
+    from icl_lens import claims_table
+
+    try:
+        rows = claims_table.every_claim(args.data)
+    except (OSError, ValueError) as error:   # a missing or stale record: a message, no traceback
+        parser.error(f"--data: {error}")
+    print(claims_table.markdown(rows, links=False))
+    print(", ".join(f"{verdict} {count}" for verdict, count in claims_table.counts(rows).items()))
+    if args.write:
+        folder = args.data or None
+        path = claims_table.save(rows, None if folder is None else f"{folder}/claims.json")
+        print(f"written: {path}")
 
 
 def run_glue(parser, args):

@@ -330,7 +330,7 @@ def context_note(claim, records, context):
         elif ours["query_alone"] > 2 * theirs["query_alone"]:
             readings.append("predicts worse from the query alone")
     return {"variant": m["name"], "against": against, "variant_measures": ours, "against_measures": theirs,
-            "reading": "; ".join(readings) or "within these factors of the model it is compared with"}
+            "reading": "; ".join(readings) or "no change beyond these factors"}
 
 
 def variant_rows(record, until=1.0):

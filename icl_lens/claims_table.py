@@ -1,0 +1,322 @@
+"""Every empirical claim of both papers in one table: the verdicts each study saved beside its
+record, read into one set of fields and one vocabulary (agrees, disagrees, partly, inconclusive).
+
+Chapters: claims, intro.
+
+A row (:class:`Row`) says where the paper makes the claim, the claim in our words, what was
+measured and by which rule, the verdict, the effect with its interval and the band an effect must
+leave, the margin by which the verdict's condition held (negative: by how much the nearest
+decisive condition was missed), the seeds, and for an inconclusive paired comparison a rough
+count of the seeds a decisive verdict would need. Nothing here judges a claim: the studies did
+(:mod:`icl_lens.verdicts` holds their rules); this module only reads what they saved.
+"""
+
+import json
+import math
+from pathlib import Path
+from typing import TypedDict
+
+import torch
+
+from icl_lens import context_use
+from icl_lens.results import load_result, repository_root, save_result
+from icl_lens.studies import across_tasks, li_et_al, section5_claims, table1
+
+VOCABULARY = ("agrees", "disagrees", "partly", "inconclusive")
+FIELDS = ("id", "paper", "where", "claim", "quantity", "rule", "verdict", "effect", "unit", "interval",
+          "band", "margin", "seeds", "seeds_needed", "section", "reading", "context",
+          "without_temperature")
+Z = 1.96   # the 95% level of the studies' intervals
+
+
+class Row(TypedDict):
+    id: str
+    paper: str                     # "R&L" or "Li et al."
+    where: str                     # section, figure or table of the paper
+    claim: str                     # the claim in our words
+    quantity: str                  # what is measured: "final" (end of training) or "speed"
+    rule: str                      # the rule that turned the measurement into the verdict
+    verdict: str                   # one of VOCABULARY
+    effect: float | None           # the measured effect, in ``unit``
+    unit: str
+    interval: list | None          # 95% interval of the effect (paired comparisons only)
+    band: float | None             # the no-effect band (or tolerance) the rule reads against
+    margin: float | None           # slack of the verdict's condition (< 0: how far it was missed)
+    seeds: int | None
+    seeds_needed: int | None       # inconclusive paired comparisons: seeds to settle it
+    section: str                   # the chapter that shows it
+    reading: str                   # the measurement in the study's own words
+    context: str | None            # Section 5: how the variant differs in context use
+    without_temperature: str | None   # Section 5: the verdict with q and k left unscaled
+
+
+def improving(interval, lower_is_better):
+    """(low, high) of an interval of differences in units of improvement."""
+    low, high = interval
+    return (-high, -low) if lower_is_better else (low, high)
+
+
+def margin(rule, interval, band, *, lower_is_better=True, verdict=None):
+    """The slack of the condition that gave ``verdict`` under ``rule`` (see
+    :mod:`icl_lens.verdicts`), in the effect's units; for an inconclusive verdict, the largest
+    (negative) slack among the decisive conditions: how far the nearest one was missed."""
+    if interval is None or None in interval or any(math.isinf(x) for x in interval):
+        return None
+    low, high = improving(interval, lower_is_better)
+    spread = max(abs(low), abs(high))
+    if rule == "hurts":
+        low, high = -high, -low
+    if rule in ("helps", "hurts"):
+        slack = {"agrees": [low], "disagrees": [-high, band - spread]}
+    elif rule == "no gain":
+        slack = {"disagrees": [low], "agrees": [band - high]}
+    elif rule == "not worse":
+        slack = {"disagrees": [-high], "agrees": [low + band]}
+    else:
+        raise ValueError(f"rule must be one of helps, hurts, no gain, not worse; got {rule!r}")
+    if verdict in slack:
+        return max(slack[verdict])
+    return max(s for found in slack.values() for s in found)
+
+
+def seeds_needed(differences, effect, band):
+    """Seeds an inconclusive paired comparison would need for its 95% interval to leave zero (an
+    effect beyond the band) or to fit inside the band (an effect within it), from the spread of
+    the per-seed ``differences``: a robust standard deviation (1.4826 x their median absolute
+    deviation) and the standard error of a median, 1.2533 sigma / sqrt(n). None where the effect
+    sits on that threshold or the differences do not spread."""
+    kept = torch.tensor([d for d in differences if d is not None and math.isfinite(d)], dtype=torch.float64)
+    if effect is None or len(kept) < 2:
+        return None
+    sigma = 1.4826 * float((kept - kept.median()).abs().median())
+    sigma = sigma or float(kept.std())
+    room = abs(effect) if abs(effect) > band else band - abs(effect)
+    if room <= 0 or sigma == 0:
+        return None
+    return max(len(kept) + 1, math.ceil((Z * 1.2533 * sigma / room) ** 2))
+
+
+def section5_rows(saved, records, context, temperature=None):
+    """Rows of the Section 5 / App. E claims (``claims.json`` of ``reproduce all``), with the context
+    note of each (``context_use.json``) and, where the temperature check ran, its verdict."""
+    unscaled = {c["id"]: c["without"]["verdict"] for c in (temperature or {}).get("claims", [])}
+    rows = []
+    for claim in saved["claims"]:
+        m = claim["measurement"]
+        named = claim["claim"] if claim["task"] == "all" else f"{claim['task']}: {claim['claim']}"
+        row = {"id": claim["id"], "paper": "R&L", "where": claim["where"], "claim": named,
+               "quantity": "final", "rule": claim["rule"], "verdict": claim["verdict"],
+               "section": "experiments", "context": None, "interval": None, "band": None, "margin": None,
+               "seeds_needed": None, "without_temperature": unscaled.get(claim["id"])}
+        if "median_difference" in m:          # a paired comparison of normalised test losses
+            rule = "hurts" if claim["rule"] == "worse-than-single" else claim["rule"]
+            interval = None if None in m["interval"] else m["interval"]
+            row.update(effect=m["median_difference"], unit="loss / label variance, variant - other",
+                       interval=interval, band=m["no_effect"], seeds=m["seeds"],
+                       reading=f"{m['name']} against {m['against']}: better / worse / diverged "
+                               f"{m['better']} / {m['worse']} / {m['diverged']} of {m['seeds']}")
+            if rule in ("helps", "hurts") and interval is not None:
+                row["margin"] = margin(rule, interval, m["no_effect"], verdict=claim["verdict"])
+                if claim["verdict"] == "inconclusive":
+                    row["seeds_needed"] = seeds_needed(m["difference"], m["median_difference"],
+                                                       m["no_effect"])
+            if rule == "unstable":
+                losses = [math.inf if v is None else v for v in m["variant"]]
+                row.update(effect=max(losses), unit="worst seed's loss / label variance", band=1.0,
+                           interval=None, margin=max(losses) - 1.0 if math.isfinite(max(losses)) else None,
+                           reading=f"{m['name']}: {m['diverged']} of {m['seeds']} seeds diverged")
+            note = section5_claims.context_note(claim, records, context)
+            row["context"] = note["reading"] if note else None
+        elif claim["rule"] == "exact":
+            worst, tolerance = m["worst_relative_squared_gap"], m["tolerance"]
+            row.update(effect=worst, unit="relative squared gap", band=tolerance,
+                       margin=tolerance - worst, seeds=len(next(iter(records.values()))["equivalence"]),
+                       reading=f"worst relative squared gap {worst:.2g} (tolerance {tolerance:g})")
+        elif claim["rule"] == "falls":
+            row.update(effect=m["slope"], unit="log-log slope of attention MSE against d_r", band=0.0,
+                       margin=-m["slope"], seeds=None, section="experiments",
+                       reading=f"slope {m['slope']:.2f}; falls at every step: {m['monotone']}")
+        elif claim["rule"] == "saturates":
+            row.update(effect=m["first_saturated"], unit="first d_h at which the bound is d",
+                       band=None, margin=None, seeds=None,
+                       reading=f"first saturated at d_h = {m['first_saturated']}")
+        rows.append(row)
+    return rows
+
+
+def table1_rows(saved, record):
+    """Rows of the Table 1 claims (``table1_claims.json``): accuracy differences on the stand-in at
+    the study's epochs. Where the row's verdict is inconclusive only because the two lengths
+    disagree or the longer one was not run, the margin is the shorter length's."""
+    rows = []
+    for claim in saved["claims"]:
+        m = claim["measured"]
+        definition = next(c for c in table1.CLAIMS if c.id == claim["id"])
+        (first, _), (second, _) = (pick(record) for pick in definition.select)
+        values, reference = table1.mean_of(record, first), table1.mean_of(record, second)
+        differences = table1.compare(values, reference)["differences"]
+        longer = claim["longer"]["verdict"] if claim["longer"] else "not run"
+        row = {"id": claim["id"], "paper": "R&L", "where": claim["where"], "claim": claim["claim"],
+               "quantity": "final", "rule": definition.rule, "verdict": claim["verdict"],
+               "effect": m["median"], "unit": "accuracy, first - second", "interval": m["interval"],
+               "band": table1.NO_EFFECT,
+               "margin": margin(definition.rule, m["interval"], table1.NO_EFFECT, lower_is_better=False,
+                                verdict=m["verdict"]),
+               "seeds": len(differences), "seeds_needed": None, "section": "bert", "context": None,
+               "without_temperature": None,
+               "reading": f"{claim['compared']}: {m['verdict']} after {record['study']['epochs']} "
+                          f"epochs, {longer} after {record['study']['longer_epochs']}"}
+        if m["verdict"] == "inconclusive":
+            row["seeds_needed"] = seeds_needed(differences, m["median"], table1.NO_EFFECT)
+        rows.append(row)
+    return rows
+
+
+def ratio_row(claim, summary, seeds, section, paper):
+    """A row for a claim read from one trained layer's loss against one GD step's (GD*)."""
+    ratio = summary["trained layer"] / summary["one GD step (lr*)"]
+    return {"id": claim["id"], "paper": paper, "where": claim["where"], "claim": claim["claim"],
+            "quantity": "final", "rule": "matches", "effect": ratio, "unit": "trained / GD* loss",
+            "interval": None, "band": li_et_al.MATCH, "margin": li_et_al.MATCH - abs(ratio - 1),
+            "seeds": seeds, "seeds_needed": None, "section": section, "context": None,
+            "without_temperature": None, "reading": f"{claim['setting']}: {claim['measured']}"}
+
+
+def li_rows(saved, record):
+    """Rows of Li et al.'s claims (``closeness_claims.json``); their verdicts read into the
+    vocabulary ("partly: ..." is partly, "holds" agrees, "does not hold" disagrees)."""
+    seeds = len(record["study"]["seeds"])
+    rows = []
+    for claim in saved["claims"]:
+        verdict = claim["verdict"]
+        if claim["id"].startswith("li-closeness-n"):
+            n = claim["id"][len("li-closeness-n"):]
+            row = ratio_row(claim, li_et_al.summary(record["lengths"][n]["softmax"]), seeds,
+                            "closeness_experiment", "Li et al.")
+            row["rule"] = f"loss within {li_et_al.MATCH} of GD*'s and Model Cos >= {li_et_al.ALIGNED}"
+            row["claim"] += f" ({claim['setting']})"
+        elif claim["id"] == "li-loss-against-d":
+            ratios = [li_et_al.summary(layers["softmax"]) for layers in record["dims"].values()]
+            worst = max((r["trained layer"] / r["one GD step (lr*)"] for r in ratios), key=lambda x: abs(x - 1))
+            row = ratio_row(claim, {"trained layer": worst, "one GD step (lr*)": 1.0}, seeds,
+                            "closeness_experiment", "Li et al.")
+            row["unit"] = "trained / GD* loss, the d farthest from 1"
+        else:
+            row = {"id": claim["id"], "paper": "Li et al.", "where": claim["where"], "claim": claim["claim"],
+                   "quantity": "final", "rule": "share of prompts inside the condition >= 0.5",
+                   "effect": None, "unit": "", "interval": None, "band": 0.5, "margin": None,
+                   "seeds": seeds, "seeds_needed": None, "section": "closeness_experiment", "context": None,
+                   "without_temperature": None, "reading": claim["measured"]}
+        row["where"] = row["where"].replace("Li et al., ", "")
+        row["verdict"] = vocabulary(verdict)
+        if row["verdict"] != verdict:
+            row["reading"] += f" ({verdict})"
+        rows.append(row)
+    return rows
+
+
+def across_rows(saved, record):
+    """The across-tasks chapter's one claim of the papers (R&L Sec. 5's remark on training across
+    tasks); its other rows are readings of the chapter or of von Oswald et al., not of the papers."""
+    rows = []
+    for claim in saved["claims"]:
+        if not claim["where"].startswith("Ren & Liu"):
+            continue
+        sgd = across_tasks.summary(record, "paper task (paper's SGD)")
+        rows.append({"id": claim["id"], "paper": "R&L", "where": claim["where"].replace("Ren & Liu, ", ""),
+                     "claim": claim["claim"], "quantity": "final",
+                     "rule": f"the paper's SGD leaves the loss at >= {across_tasks.NO_LEARNING} of the "
+                             "label variance",
+                     "verdict": vocabulary(claim["verdict"]), "effect": sgd["trained layer"],
+                     "unit": "loss / label variance", "interval": None, "band": across_tasks.NO_LEARNING,
+                     "margin": sgd["trained layer"] - across_tasks.NO_LEARNING, "seeds": None,
+                     "seeds_needed": None, "section": "across_tasks", "context": None,
+                     "without_temperature": None,
+                     "reading": f"{claim['measured']} ({claim['verdict']})"})
+    return rows
+
+
+def vocabulary(verdict):
+    """A study's verdict in the table's words."""
+    if verdict in VOCABULARY:
+        return verdict
+    if verdict.startswith("partly") or verdict.startswith("agrees for"):
+        return "partly"
+    if verdict == "holds":
+        return "agrees"
+    if verdict == "does not hold" or verdict.startswith("disagrees"):
+        return "disagrees"
+    raise ValueError(f"verdict {verdict!r} has no word in the table's vocabulary {VOCABULARY}")
+
+
+def every_claim(data=None):
+    """Every row, from the saved records under ``data`` (default ``book/data``)."""
+    data = Path(data) if data is not None else repository_root() / "book" / "data"
+    experiments = data / "experiments"
+    records = {kind: load_result(experiments, f"task_{kind}") for kind in ("linear", "trigonometric",
+                                                                            "exponential")}
+    temperature = load_result(experiments, "temperature") if (experiments / "temperature.json").exists() \
+        else None
+    rows = section5_rows(load_result(experiments, "claims"), records,
+                         load_result(experiments, "context_use"), temperature)
+    rows += across_rows(load_result(data / "multitask", "multitask_claims"),
+                        load_result(data / "multitask", "multitask"))
+    rows += table1_rows(load_result(data / "table1", "table1_claims"), load_result(data / "table1", "table1"))
+    rows += li_rows(load_result(data / "closeness", "closeness_claims"), load_result(data / "closeness", "closeness"))
+    for row in rows:
+        if row["verdict"] not in VOCABULARY:
+            raise ValueError(f"claim {row['id']}: verdict {row['verdict']!r} is not in {VOCABULARY}")
+    return [{field: row[field] for field in FIELDS} for row in rows]
+
+
+def counts(rows):
+    """{verdict: number of rows}, in the vocabulary's order."""
+    return {verdict: sum(row["verdict"] == verdict for row in rows) for verdict in VOCABULARY}
+
+
+def number(value, digits=2):
+    if value is None:
+        return "–"
+    if isinstance(value, float) and math.isinf(value):
+        return "diverged"
+    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def effect_text(row):
+    text = number(row["effect"])
+    if row["interval"] is not None:
+        text += f" [{number(row['interval'][0])}, {number(row['interval'][1])}]"
+    return text
+
+
+def markdown(rows, *, links=True):
+    """The table as Markdown; with ``links`` each claim links to the chapter that shows it."""
+    lines = ["| claim (where in the paper) | verdict | effect [95% interval] | band | margin | "
+             "seeds (needed) |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        claim = f"[{row['claim']}]({row['section']}.md)" if links else row["claim"]
+        seeds = number(row["seeds"])
+        if row["seeds_needed"] is not None:
+            seeds += f" ({row['seeds_needed'] if row['seeds_needed'] <= 1000 else '> 1000'})"
+        lines.append(f"| {claim} ({row['paper']} {row['where']}) | **{row['verdict']}** | "
+                     f"{effect_text(row)} | {number(row['band'])} | {number(row['margin'])} | {seeds} |")
+    return "\n".join(lines)
+
+
+def save(rows, path=None):
+    """Write ``book/data/claims.json`` (or ``path``): {"fields": ..., "claims": rows}."""
+    path = Path(path) if path is not None else repository_root() / "book" / "data" / "claims.json"
+    return save_result(path.parent, path.stem, {"vocabulary": list(VOCABULARY), "claims": rows})["json"]
+
+
+def saved(path=None):
+    """The saved table, checked against the table read again from the records: a page that shows
+    it fails if the saved verdicts no longer follow from them."""
+    path = Path(path) if path is not None else repository_root() / "book" / "data" / "claims.json"
+    stored = json.loads(path.read_text())["claims"]
+    fresh = json.loads(json.dumps(every_claim(path.parent)))
+    if stored != fresh:
+        changed = [a["id"] for a, b in zip(stored, fresh) if a != b] or ["the number of rows"]
+        raise ValueError(f"{path} is out of date ({', '.join(changed)} differ); "
+                         "rewrite it with python -m icl_lens claims --write")
+    return stored
