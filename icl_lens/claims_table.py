@@ -27,6 +27,9 @@ FIELDS = ("id", "paper", "where", "claim", "quantity", "rule", "verdict", "effec
           "band", "margin", "seeds", "seeds_needed", "section", "reading", "context",
           "without_temperature")
 Z = 1.96   # the 95% level of the studies' intervals
+RULE_FORMS = ("helps", "hurts", "no gain", "not worse", "comparable")
+# Section 5's rules that compare against another model than the normal one, by the rule they apply
+SECTION5_RULES = {"worse-than-single": "hurts", "not-worse-than-more": "not worse"}
 
 
 class Row(TypedDict):
@@ -41,7 +44,8 @@ class Row(TypedDict):
     unit: str
     interval: list | None          # 95% interval of the effect (paired comparisons only)
     band: float | None             # the no-effect band (or tolerance) the rule reads against
-    margin: float | None           # slack of the verdict's condition (< 0: how far it was missed)
+    margin: float | None           # slack of the verdict's condition (< 0: how far it was missed);
+                                   # Section 5: of the verdict at the end of training
     seeds: int | None
     seeds_needed: int | None       # inconclusive paired comparisons: seeds to settle it
     section: str                   # the chapter that shows it
@@ -56,27 +60,33 @@ def improving(interval, lower_is_better):
     return (-high, -low) if lower_is_better else (low, high)
 
 
-def margin(rule, interval, band, *, lower_is_better=True, verdict=None):
+def margin(rule, interval, band, *, lower_is_better=True, verdict=None, effect=None):
     """The slack of the condition that gave ``verdict`` under ``rule`` (see
     :mod:`icl_lens.verdicts`), in the effect's units; for an inconclusive verdict, the largest
-    (negative) slack among the decisive conditions: how far the nearest one was missed."""
+    (negative) slack among the decisive conditions: how far the nearest one was missed. With the
+    median ``effect``, "agrees" under helps / hurts also needs it beyond the band."""
     if interval is None or None in interval or any(math.isinf(x) for x in interval):
         return None
     low, high = improving(interval, lower_is_better)
     spread = max(abs(low), abs(high))
+    gain = None if effect is None else (-effect if lower_is_better else effect)
     if rule == "hurts":
         low, high = -high, -low
+        gain = None if gain is None else -gain
     if rule in ("helps", "hurts"):
-        slack = {"agrees": [low], "disagrees": [-high, band - spread]}
+        agree = low if gain is None else min(low, gain - band)
+        slack = {"agrees": [agree], "disagrees": [-high, band - spread]}
     elif rule == "no gain":
         slack = {"disagrees": [low], "agrees": [band - high]}
     elif rule == "not worse":
         slack = {"disagrees": [-high], "agrees": [low + band]}
+    elif rule == "comparable":
+        slack = {"agrees": [band - spread], "disagrees": [low - band, -band - high]}
     else:
-        raise ValueError(f"rule must be one of helps, hurts, no gain, not worse; got {rule!r}")
+        raise ValueError(f"rule must be one of helps, hurts, no gain, not worse, comparable; got {rule!r}")
     if verdict in slack:
         return max(slack[verdict])
-    return max(s for found in slack.values() for s in found)
+    return max(x for found in slack.values() for x in found)
 
 
 def seeds_needed(differences, effect, band):
@@ -105,19 +115,26 @@ def section5_rows(saved, records, context, temperature=None):
         m = claim["measurement"]
         named = claim["claim"] if claim["task"] == "all" else f"{claim['task']}: {claim['claim']}"
         row = {"id": claim["id"], "paper": "R&L", "where": claim["where"], "claim": named,
-               "quantity": "final", "rule": claim["rule"], "verdict": claim["verdict"],
+               "quantity": claim.get("quantity", "final"), "rule": claim["rule"], "verdict": claim["verdict"],
                "section": "experiments", "context": None, "interval": None, "band": None, "margin": None,
                "seeds_needed": None, "without_temperature": unscaled.get(claim["id"])}
         if "median_difference" in m:          # a paired comparison of normalised test losses
-            rule = "hurts" if claim["rule"] == "worse-than-single" else claim["rule"]
+            rule = SECTION5_RULES.get(claim["rule"], claim["rule"])
             interval = None if None in m["interval"] else m["interval"]
-            row.update(effect=m["median_difference"], unit="loss / label variance, variant - other",
+            unit = ("loss / label variance, variant - other" if row["quantity"] == "final"
+                    else "mean log loss ratio before the decay, variant - other")
+            row.update(effect=m["median_difference"], unit=unit,
                        interval=interval, band=m["no_effect"], seeds=m["seeds"],
                        reading=f"{m['name']} against {m['against']}: better / worse / diverged "
                                f"{m['better']} / {m['worse']} / {m['diverged']} of {m['seeds']}")
-            if rule in ("helps", "hurts") and interval is not None:
-                row["margin"] = margin(rule, interval, m["no_effect"], verdict=claim["verdict"])
-                if claim["verdict"] == "inconclusive":
+            at_end = claim.get("verdict_at_end", claim["verdict"])
+            if at_end != claim["verdict"]:
+                row["reading"] += (f"; {at_end} at the end of training, {claim['verdict_at_half']} at half of "
+                                   "it, so inconclusive")
+            if rule in RULE_FORMS and interval is not None:
+                effect = m["median_difference"] if rule in ("helps", "hurts") else None
+                row["margin"] = margin(rule, interval, m["no_effect"], verdict=at_end, effect=effect)
+                if at_end == "inconclusive":
                     row["seeds_needed"] = seeds_needed(m["difference"], m["median_difference"],
                                                        m["no_effect"])
             if rule == "unstable":

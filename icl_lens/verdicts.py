@@ -9,14 +9,18 @@ their median, a percentile-bootstrap 95% interval of that median, and how many s
 their band in either direction. ``lower_is_better`` says which direction is an improvement (a loss:
 True; an accuracy: False). The rules read the interval in units of improvement:
 
-    helps       agrees if the interval lies on the improving side of 0; disagrees if it lies on the
-                other side, or inside the band (with ``effect_beyond_band``: before the sign is
-                read, so an effect smaller than the band is no effect); else inconclusive
+    helps       agrees if the interval lies on the improving side of 0 (and, where the median
+                ``effect`` is given, that median improves by more than the band); disagrees if the
+                interval lies on the other side, or inside the band (with ``effect_beyond_band``:
+                before the sign is read, so an effect smaller than the band is no effect); else
+                inconclusive
     hurts       the mirror image of helps
     no gain     disagrees if the interval lies on the improving side of 0; agrees if its improving
                 end stays within the band; else inconclusive
     not worse   disagrees if the interval lies on the worsening side of 0; agrees if its worsening
                 end stays within the band; else inconclusive
+    comparable  agrees if the interval lies inside the band; disagrees if it lies wholly beyond
+                the band on one side; else inconclusive
 """
 
 import math
@@ -29,6 +33,7 @@ from icl_lens.device import generator as make_generator
 
 RESAMPLES = 10_000
 VERDICTS = ("agrees", "disagrees", "inconclusive")
+RULE_NAMES = ("helps", "hurts", "no gain", "not worse", "comparable")
 
 
 class PairedComparison(TypedDict):
@@ -86,23 +91,38 @@ def inside_band(interval, band):
     return -band <= low and high <= band
 
 
-def helps(interval, band, *, lower_is_better=True, effect_beyond_band=True):
-    """The rule for a claim that the variant is better (see the module text)."""
+def helps(interval, band, *, lower_is_better=True, effect_beyond_band=True, effect=None):
+    """The rule for a claim that the variant is better (see the module text); ``effect`` is the
+    median difference, which must then improve by more than ``band`` for "agrees"."""
     if None in interval:
         return "inconclusive"
     low, high = improvement_interval(interval, lower_is_better)
     if effect_beyond_band and inside_band(interval, band):
         return "disagrees"      # no effect worth the name
-    if low > 0:
+    gain = None if effect is None else (-effect if lower_is_better else effect)
+    if low > 0 and (gain is None or gain > band):
         return "agrees"
     if high < 0 or inside_band(interval, band):
         return "disagrees"
     return "inconclusive"
 
 
-def hurts(interval, band, *, lower_is_better=True, effect_beyond_band=True):
+def hurts(interval, band, *, lower_is_better=True, effect_beyond_band=True, effect=None):
     """The rule for a claim that the variant is worse: :func:`helps` with the direction reversed."""
-    return helps(interval, band, lower_is_better=not lower_is_better, effect_beyond_band=effect_beyond_band)
+    return helps(interval, band, lower_is_better=not lower_is_better, effect_beyond_band=effect_beyond_band,
+                 effect=effect)
+
+
+def comparable(interval, band):
+    """The rule for a claim that the variant is as good as the other, to within the band."""
+    if None in interval:
+        return "inconclusive"
+    low, high = interval
+    if inside_band(interval, band):
+        return "agrees"
+    if low > band or high < -band:
+        return "disagrees"
+    return "inconclusive"
 
 
 def no_gain(interval, band, *, lower_is_better=True):
@@ -140,7 +160,9 @@ def matches(ratio, tolerance):
 class Claim:
     """One empirical claim: its id, where the paper makes it, the task, the claim in our words, the
     rule that judges it and which variants it names (``select`` picks names from a record; with
-    several, the best is used)."""
+    several, the best is used), and the quantity it is about: "final" (the result at the end of
+    training) or "speed" (how fast the loss falls; "speed, early" and "speed, late" for the first
+    and last third of the run)."""
 
     id: str
     where: str
@@ -148,3 +170,4 @@ class Claim:
     claim: str
     rule: str
     select: object = None
+    quantity: str = "final"

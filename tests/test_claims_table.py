@@ -14,7 +14,7 @@ from icl_lens.results import repository_root
 
 DATA = repository_root() / "book" / "data"
 RULES = {"helps": verdicts.helps, "hurts": verdicts.hurts, "no gain": verdicts.no_gain,
-         "not worse": verdicts.not_worse}
+         "not worse": verdicts.not_worse, "comparable": verdicts.comparable}
 
 
 def test_every_row_has_the_fields_and_a_verdict_in_the_vocabulary():
@@ -23,7 +23,8 @@ def test_every_row_has_the_fields_and_a_verdict_in_the_vocabulary():
     assert {row["verdict"] for row in rows} <= set(claims_table.VOCABULARY)
     assert {row["paper"] for row in rows} == {"R&L", "Li et al."}
     assert {row["section"] for row in rows} == {"experiments", "across_tasks", "bert", "closeness_experiment"}
-    assert len({row["id"] for row in rows}) == len(rows)
+    assert len({row["id"] for row in rows}) == len(rows) and len(rows) >= 35
+    assert sum(row["quantity"].startswith("speed") for row in rows) >= 5
     # an inconclusive paired comparison says how many seeds it would need; a decisive one does not
     for row in rows:
         if row["seeds_needed"] is not None:
@@ -47,11 +48,19 @@ def test_a_stale_saved_table_is_refused_with_the_claim_named(tmp_path):
 intervals = st.tuples(st.floats(-1, 1), st.floats(0, 1)).map(lambda pair: [pair[0], pair[0] + pair[1]])
 
 
-@settings(max_examples=400, deadline=None)
-@given(intervals, st.floats(0.001, 0.5), st.sampled_from(sorted(RULES)), st.booleans())
-def test_margin_is_positive_exactly_when_the_rule_decides(interval, band, rule, lower_is_better):
-    verdict = RULES[rule](interval, band, lower_is_better=lower_is_better)
-    found = claims_table.margin(rule, interval, band, lower_is_better=lower_is_better, verdict=verdict)
+@settings(max_examples=600, deadline=None)
+@given(intervals, st.floats(0.001, 0.5), st.sampled_from(sorted(RULES)), st.booleans(), st.floats(0, 1))
+def test_margin_is_positive_exactly_when_the_rule_decides(interval, band, rule, lower_is_better, where):
+    effect = None
+    if rule in ("helps", "hurts"):    # with the median inside the interval, which must pass the band
+        effect = interval[0] + where * (interval[1] - interval[0])
+        verdict = RULES[rule](interval, band, lower_is_better=lower_is_better, effect=effect)
+    elif rule == "comparable":
+        verdict = RULES[rule](interval, band)
+    else:
+        verdict = RULES[rule](interval, band, lower_is_better=lower_is_better)
+    found = claims_table.margin(rule, interval, band, lower_is_better=lower_is_better, verdict=verdict,
+                                effect=effect)
     if verdict == "inconclusive":
         assert found <= 0
     else:

@@ -196,6 +196,7 @@ def test_context_use_and_temperature_check_are_written(quick_all):
     temperature = json.loads((out / "temperature.json").read_text())
     assert temperature["record"]["config"]["temperature"] is False
     assert {c["id"] for c in temperature["claims"]} == {
-        "linear-alpha-negative-proportional", "linear-alpha-negative-constant", "linear-g2"}
+        f"linear-alpha-negative-{claim}-{form}" for claim in ("faster", "comparable")
+        for form in ("proportional", "constant")} | {"linear-g2-faster"}
     for claim in temperature["claims"]:
         assert claim["changes"] == (claim["with"]["verdict"] != claim["without"]["verdict"])

@@ -188,3 +188,90 @@ def test_context_note_reads_the_query_weight_and_the_query_alone_loss():
     assert section5_claims.context_note(claim, records, context)["reading"] == "no change beyond these factors"
     assert section5_claims.context_note({"task": "all", "measurement": {"worst_relative_squared_gap": 0}},
                                         records, context) is None
+
+
+def test_comparable_rule_agrees_inside_the_band_and_disagrees_beyond_it():
+    claim = section5_claims.Claim("x", "here", "linear", "g2 comparable", "comparable",
+                                  section5_claims.augmented("none", "gelu"))
+    same = record(FLAT, {s: [0.5, 0.5, 0.5, 0.5 + 0.001 * (s - 2)] for s in SEEDS})
+    worse = record(FLAT, {s: [0.5, 0.6, 0.6, 0.7] for s in SEEDS})
+    mixed = record(FLAT, {s: [0.5, 0.5, 0.5, 0.3 if s < 2 else 0.5 + 0.2 * (s - 2)] for s in SEEDS})
+    found = [section5_claims.evaluate({"linear": r}, claims=(claim,))[0]["verdict"] for r in (same, worse, mixed)]
+    assert found == ["agrees", "disagrees", "inconclusive"]
+
+
+def test_speed_reads_the_curve_before_the_decay_and_not_the_end():
+    # lower early, the same at the end: faster, and no better final result
+    faster = record(FLAT, {s: [0.1, 0.2, 0.4, 0.5] for s in SEEDS})
+    speed = section5_claims.Claim("x", "here", "linear", "g2 faster", "helps",
+                                  section5_claims.augmented("none", "gelu"), "speed")
+    final = section5_claims.Claim("y", "here", "linear", "g2 better", "helps",
+                                  section5_claims.augmented("none", "gelu"))
+    early = section5_claims.Claim("z", "here", "linear", "g2 slower at first", "hurts",
+                                  section5_claims.augmented("none", "gelu"), "speed, early")
+    found = {c["id"]: c["verdict_at_end"] for c in section5_claims.evaluate({"linear": faster},
+                                                                            claims=(speed, final, early))}
+    assert found == {"x": "agrees", "y": "disagrees", "z": "disagrees"}
+    model = faster["models"][1]
+    assert section5_claims.speed(faster, model) == pytest.approx(
+        sum(math.log(x) for x in (0.1, 0.2, 0.4, 0.5)) / 4)
+    # early: the epoch before the first checkpoint (2), from the training loss (1.0 here)
+    assert section5_claims.speed(faster, model, part="early") == pytest.approx(math.log(1.0 / 2.0))
+    assert section5_claims.speed(faster, model, part="late") == pytest.approx(math.log(0.5))
+    # with the decay schedule only the checkpoints before the decay count
+    decaying = {**faster, "config": {"schedule": "decay", "decay_fraction": 0.25}}
+    assert section5_claims.speed(decaying, model) == pytest.approx(
+        sum(math.log(x) for x in (0.1, 0.2, 0.4)) / 3)
+
+
+# R&L's own sentences (Sec. 5, App. E.2.1, E.2.2, E.3), transcribed apart from the code: the rule
+# (direction) and the quantity each claim must be judged by
+PAPER = {
+    "linear-alpha-positive": ("hurts", "final"),            # "converges to a poorer result"
+    "linear-alpha-negative-faster": ("helps", "speed"),     # "the model converges faster"
+    "linear-alpha-negative-comparable": ("comparable", "final"),   # "final results comparable"
+    "linear-g2-faster": ("helps", "speed"),                 # "slightly faster convergence"
+    "linear-g2-plus-slower-early": ("hurts", "speed, early"),   # "initially converges slightly slower"
+    "linear-g2-plus-faster-late": ("helps", "speed, late"),     # "eventually accelerates convergence"
+    "linear-g2-plus-better": ("helps", "final"),            # "achieves a better solution"
+    "linear-negative-k3-faster": ("helps", "speed"),        # "slightly faster convergence"
+    "trigonometric-alpha-negative-faster": ("helps", "speed"),     # "converge slightly faster"
+    "trigonometric-alpha-negative-better": ("helps", "final"),     # "reach better final results"
+    "trigonometric-g2-comparable": ("comparable", "final"),  # "comparable result"
+    "trigonometric-g2-plus-faster": ("helps", "speed"),     # "accelerates its convergence speed"
+    "trigonometric-negative-worse": ("hurts", "final"),     # "worse than the normal model"
+    "trigonometric-combinations": ("worse-than-single", "final"),
+    "exponential-alpha-16-faster": ("helps", "speed"),      # "converges faster"
+    "exponential-alpha-16-better": ("helps", "final"),      # "and achieves better result"
+    "exponential-g1": ("helps", "final"),                   # "better performance"
+    "exponential-g2": ("helps", "final"),
+    "exponential-negative-no-gain": ("no gain", "final"),   # "do not show a significant improvement"
+    "exponential-combinations": ("worse-than-single", "final"),
+}
+
+
+def readings(key):
+    """A claim's id, and its ids once per reading of the regularized form."""
+    return (key, f"{key}-proportional", f"{key}-constant")
+
+
+def direction_errors(claims):
+    """Claims whose rule or quantity is not the one the paper's sentence gives."""
+    errors = []
+    for claim in claims:
+        key = next((k for k in PAPER if claim.id in readings(k)), None)
+        if key is not None and (claim.rule, claim.quantity) != PAPER[key]:
+            errors.append(claim.id)
+    return errors
+
+
+def test_each_claim_is_read_in_the_papers_direction_and_quantity():
+    assert direction_errors(section5_claims.CLAIMS) == []
+    covered = {k for k in PAPER if any(c.id in readings(k) for c in section5_claims.CLAIMS)}
+    assert covered == set(PAPER)
+    # a claim coded the wrong way round is caught: negatives "help" on the trigonometric task
+    from dataclasses import replace
+    flipped = [replace(c, rule="helps") if c.id == "trigonometric-negative-worse" else c
+               for c in section5_claims.CLAIMS]
+    assert direction_errors(flipped) == ["trigonometric-negative-worse"]
+    assert sum(c.quantity.startswith("speed") for c in section5_claims.CLAIMS) >= 5

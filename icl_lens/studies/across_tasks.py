@@ -349,7 +349,7 @@ def claims(record):
     stuck = sgd["trained layer"] >= NO_LEARNING
     found.append({"id": "across-disordered",
                   "claim": "training with a new task weight for every prompt gives disordered predictions",
-                  "where": "Ren & Liu, Sec. 5 (remark on multi-task training)",
+                  "where": "Ren & Liu, App. E.1 (remark on multi-task training)",
                   "setting": "paper task (paper's SGD) against paper task (random-features)",
                   "measured": f"normalised loss {sgd['trained layer']:.3f} with SGD at 0.003, one prompt a step; "
                               f"{adam['trained layer']:.3f} with Adam at 1e-2, 256 prompts a step",

@@ -28,26 +28,41 @@ epochs, with its own decay (for a constant-rate record: the last and the second 
 import math
 from icl_lens import context_use, verdicts
 from icl_lens.approximation import log_log_slope
-from icl_lens.studies.section5 import finite_or_none, normalised_loss
+from icl_lens.studies.section5 import finite_or_none, normalised_loss, run_length, seed_key
 from icl_lens.verdicts import RESAMPLES, Claim
 
 # a difference within a tenth of the normal model's loss is no effect: a band in units of the label
 # variance would be as wide as the loss itself where the layers learn the task to ~1% of it
 NO_EFFECT_SHARE = 0.1
+# a speed is a mean log loss, so its band is relative too: a tenth of the loss, log(1.1)
+SPEED_BAND = math.log(1.1)
 RULES = {
-    "measure": "test MSE at the end of training (the learning rate decays to 0 over the last fifth of "
-               "the steps), divided by the label variance of the seed's test set; paired with the normal "
-               "model of the same seed and learning rate (difference = variant - normal)",
+    "final": "test MSE at the end of training (the learning rate decays to 0 over the last fifth of "
+             "the steps), divided by the label variance of the seed's test set; paired with the normal "
+             "model of the same seed and learning rate (difference = variant - normal)",
+    "speed": "the mean over the checkpoints before the decay of log(test MSE / label variance), the area "
+             "under the normalised log test curve (lower is faster); 'late' keeps the last third of those "
+             "checkpoints, 'early' reads the epochs before the first checkpoint from the training loss; "
+             "paired as the final result",
     "interval": f"percentile bootstrap ({RESAMPLES} resamples) 95% interval of the median difference over seeds",
-    "no effect": f"a difference within +-{NO_EFFECT_SHARE:g} x the median normalised loss of the model "
-                 "compared against (per seed: of that seed's)",
-    "helps": "disagrees if the interval lies inside the no-effect band or above 0; agrees if it lies below 0; "
-             "else inconclusive",
+    "no effect": f"final: a difference within +-{NO_EFFECT_SHARE:g} x the median normalised loss of the model "
+                 f"compared against (per seed: of that seed's); speed: within +-log(1.1) = {SPEED_BAND:.3f}, "
+                 "a tenth of the loss",
+    "helps": "disagrees if the interval lies inside the no-effect band or above 0; agrees if it lies below 0 "
+             "and the median improves by more than the band; else inconclusive",
     "hurts": "the mirror image of helps",
+    "comparable": "agrees if the interval lies inside the no-effect band; disagrees if it lies wholly beyond "
+                  "it on one side; else inconclusive",
+    "no gain": "disagrees if the interval lies below 0; agrees if its lower end stays within the band; "
+               "else inconclusive",
     "unstable": "agrees if a seed diverges or ends worse than predicting the mean (normalised loss > 1)",
-    "worse-than-single": "the best combination against the best single modification, by the hurts rule",
-    "best": "where a claim names several variants, the one with the lowest median difference is used, "
-            "chosen again at half of training",
+    "worse-than-single": "the best combination against the best single regularized or augmented model, by "
+                         "the hurts rule",
+    "not-worse-than-more": "the best regularized + augmented combination that was also trained with negative "
+                           "samples added, against that model: disagrees if the interval lies above 0, agrees "
+                           "if its upper end stays within the band",
+    "best": "where a claim names several variants, the one with the lowest median difference is used "
+            "(for 'comparable': the one closest to 0), chosen again at half of training",
     "stability": "the verdict is computed at the end and on the same run trained for half the epochs "
                  "(with its own decay); if they differ the claim is inconclusive (except instability "
                  "seen at the end: a divergence is not undone by training longer)",
@@ -66,19 +81,57 @@ def partner(record, model):
     return next(m for m in normals if m["lr"] == model["lr"])
 
 
-def paired(record, name, *, until=1.0, against=None):
+def speed(record, model, until=1.0, part="all"):
+    """How fast a model's test loss falls: the mean over the checkpoints of the constant-rate phase
+    of the run of ``until`` x epochs (before its decay) of log(test loss / label variance), the
+    area under the normalised log test curve. ``part`` "late" keeps the last third of those
+    checkpoints; "early" reads the part of the run before the first checkpoint, which the test
+    curve does not see, from the per-epoch training loss. Lower is faster; inf for a model that
+    diverged there."""
+    epochs = run_length(record, until)
+    config = record.get("config", {})
+    decay = config.get("decay_fraction", 0.2) if config.get("schedule", "constant") == "decay" else 0.0
+    end = epochs * (1 - decay)
+    points = [loss for epoch, loss in zip(record["checkpoint_epochs"], model["test_curve"]) if epoch <= end + 1e-9]
+    if part == "early":
+        points = model["train_loss"][:max(1, record["checkpoint_epochs"][0] - 1)]
+    elif part == "late":
+        points = points[-max(1, len(points) // 3):]
+    if not points:
+        raise ValueError(f"the record has no checkpoint in the constant-rate phase of {epochs} epochs")
+    variance = record["baselines"][seed_key(model["seed"])]["label_variance"]
+    if any(loss is None or not math.isfinite(loss) for loss in points):
+        return math.inf
+    return sum(math.log(loss / variance) for loss in points) / len(points)
+
+
+QUANTITIES = {"final": None, "speed": "all", "speed, early": "early", "speed, late": "late"}
+
+
+def measured(record, model, until, quantity):
+    """The number a claim about ``quantity`` reads for one model: the normalised final loss or a
+    :func:`speed`."""
+    if quantity == "final":
+        return normalised_loss(record, model, until)
+    return speed(record, model, until, QUANTITIES[quantity])
+
+
+def paired(record, name, *, until=1.0, against=None, quantity="final"):
     """Variant ``name`` against its normal partner (or, with ``against``, the model of that name) on
-    every seed: normalised losses, their differences (variant - partner), the median, its bootstrap
-    interval, the no-effect band and the counts of seeds better / worse by more than their own
-    band / diverged."""
+    every seed: the measure of ``quantity`` (normalised final losses, or speeds), their differences
+    (variant - partner), the median, its bootstrap interval, the no-effect band and the counts of
+    seeds better / worse by more than their own band / diverged."""
+    if quantity not in QUANTITIES:
+        raise ValueError(f"quantity must be one of {list(QUANTITIES)}, got {quantity!r}")
     rows = []
     for seed in sorted({m["seed"] for m in record["models"]}):
         model = find_model(record, name, seed)
         other = find_model(record, against, seed) if against else partner(record, model)
-        rows.append((normalised_loss(record, model, until), normalised_loss(record, other, until)))
+        rows.append((measured(record, model, until, quantity), measured(record, other, until, quantity)))
     variant = [v for v, _ in rows]
     differences = [v - o if math.isfinite(o) else math.nan for v, o in rows]
-    compared = verdicts.paired_comparison(differences, [NO_EFFECT_SHARE * o for _, o in rows])
+    bands = [NO_EFFECT_SHARE * o for _, o in rows] if quantity == "final" else [SPEED_BAND] * len(rows)
+    compared = verdicts.paired_comparison(differences, bands)
     low, high = compared["interval"]
     return {
         "name": name,
@@ -89,7 +142,9 @@ def paired(record, name, *, until=1.0, against=None):
         "median_variant": finite_or_none(verdicts.median(variant)),
         "median_difference": finite_or_none(compared["median"]),
         "interval": [finite_or_none(low), finite_or_none(high)],
-        "no_effect": finite_or_none(NO_EFFECT_SHARE * verdicts.median(o for _, o in rows)),
+        "no_effect": finite_or_none(NO_EFFECT_SHARE * verdicts.median(o for _, o in rows)
+                                    if quantity == "final" else SPEED_BAND),
+        "quantity": quantity,
         "better": compared["better"],
         "worse": compared["worse"],
         "diverged": sum(not math.isfinite(v) for v in variant),
@@ -103,13 +158,29 @@ def inside_band(comparison):
 
 
 def verdict_helps(comparison):
-    return verdicts.helps(comparison["interval"], comparison["no_effect"])
+    return verdicts.helps(comparison["interval"], comparison["no_effect"], effect=comparison["median_difference"])
 
 
 def verdict_hurts(comparison):
     if None in comparison["interval"] and comparison["diverged"]:
         return "agrees"      # a diverged variant is worse, whatever the interval of the rest
-    return verdicts.hurts(comparison["interval"], comparison["no_effect"])
+    return verdicts.hurts(comparison["interval"], comparison["no_effect"], effect=comparison["median_difference"])
+
+
+def verdict_comparable(comparison):
+    return verdicts.comparable(comparison["interval"], comparison["no_effect"])
+
+
+def verdict_no_gain(comparison):
+    if None in comparison["interval"]:
+        return "inconclusive"
+    return verdicts.no_gain(comparison["interval"], comparison["no_effect"])
+
+
+def verdict_not_worse(comparison):
+    if None in comparison["interval"]:
+        return "disagrees" if comparison["diverged"] else "inconclusive"
+    return verdicts.not_worse(comparison["interval"], comparison["no_effect"])
 
 
 def verdict_unstable(comparison):
@@ -118,11 +189,18 @@ def verdict_unstable(comparison):
     return "agrees" if any(v > 1 for v in losses) else "disagrees"
 
 
-def best_of(record, names, *, until=1.0):
-    """The name among ``names`` with the lowest median paired difference at ``until`` (the paper,
-    too, reports its best setting; the choice is remade at half of training)."""
-    scored = [(paired(record, n, until=until)["median_difference"], n) for n in names]
+def best_of(record, names, *, until=1.0, quantity="final", closest=False):
+    """The name among ``names`` with the lowest median paired difference of ``quantity`` at
+    ``until`` (the paper, too, reports its best setting; the choice is remade at half of training);
+    with ``closest``, the one whose median difference is closest to 0 (for "comparable")."""
+    scored = [(paired(record, n, until=until, quantity=quantity)["median_difference"], n) for n in names]
+    if closest:
+        scored = [(None if d is None else abs(d), n) for d, n in scored]
     return min(scored, key=lambda pair: math.inf if pair[0] is None else pair[0])[1]
+
+
+SECTION5_RULES = {"helps": verdict_helps, "hurts": verdict_hurts, "comparable": verdict_comparable,
+                  "no gain": verdict_no_gain, "unstable": verdict_unstable}
 
 
 def names_where(record, predicate):
@@ -148,65 +226,89 @@ def negative(k=None, beta=None):
     return lambda g, m: g == "negative" and (k is None or m["negative_k"] == k) and (beta is None or m["beta"] == beta)
 
 
+def claims_for_both_readings(id, where, task, claim, rule, sign, quantity):
+    """One claim about the sign of alpha, judged on each reading of the regularized form."""
+    return tuple(Claim(f"{id}-{form}", where, task, f"{claim}; {form} reading", rule, regularized(form, sign),
+                       quantity) for form in ("proportional", "constant"))
+
+
+LINEAR_COMBINATION = (lambda g, m: g == "combination" and m["alpha"] != 0 and m["negative_k"] == 0
+                      and "gelu" in (m["value_map"], m["key_map"]))
+
+# Each claim in the paper's words (paraphrased; where: its section and figure), with the direction
+# the paper gives it, the quantity it is about and exactly the variants it names.
 CLAIMS = (
-    Claim("linear-alpha-negative-proportional", "Sec. 5, App. E.1, Fig. 3", "linear",
-          "alpha < 0 (more weight on the query's own token) improves the layer; proportional reading",
-          "helps", regularized("proportional", -1)),
-    Claim("linear-alpha-negative-constant", "Sec. 5, App. E.1, Fig. 3", "linear",
-          "alpha < 0 improves the layer; constant reading A - alpha I", "helps", regularized("constant", -1)),
-    Claim("linear-alpha-positive-proportional", "Sec. 5, App. E.1, Fig. 3", "linear",
-          "alpha > 0 makes the layer worse (even the best alpha > 0); proportional reading",
-          "hurts", regularized("proportional", 1)),
-    Claim("linear-alpha-positive-constant", "Sec. 5, App. E.1, Fig. 3", "linear",
-          "alpha > 0 makes the layer worse; constant reading A - alpha I", "hurts", regularized("constant", 1)),
-    Claim("linear-augmented", "Sec. 5, App. E.1, Fig. 3", "linear",
-          "an augmentation g1 / g2 improves the layer (best of the four)", "helps",
-          lambda g, m: g == "augmented"),
-    Claim("linear-negative", "Sec. 5, App. E.1, Fig. 3", "linear",
-          "negative samples improve the layer (best k, beta)", "helps", negative()),
-    Claim("linear-negative-k3", "App. E.1", "linear",
-          "the reported best setting k = 3, beta = 0.1 improves the layer", "helps", negative(3, 0.1)),
-    Claim("linear-combination", "App. E, Fig. 13", "linear",
-          "regularized + augmented is enough for the linear task (it improves the layer)", "helps",
-          lambda g, m: g == "combination" and m["alpha"] != 0 and "gelu" in (m["value_map"], m["key_map"])
-          and m["negative_k"] == 0),
-    Claim("trigonometric-alpha", "Sec. 5, App. E.2.1, Fig. 11", "trigonometric",
-          "a suitable alpha improves the layer (best alpha, either reading)", "helps",
-          lambda g, m: g == "regularized"),
-    Claim("trigonometric-g2", "App. E.2.1, Fig. 11", "trigonometric",
-          "augmenting the keys with one GELU layer (g2) improves the layer", "helps", augmented("none", "gelu")),
-    Claim("trigonometric-g2-plus", "App. E.2.1, Fig. 11", "trigonometric",
-          "the two-layer ELU augmentation of the keys (g2+) improves the layer", "helps",
-          augmented("none", "mlp-elu")),
-    Claim("trigonometric-negative", "App. E.2.1, Fig. 11", "trigonometric",
-          "negative samples improve the layer (best k)", "helps", negative()),
-    Claim("trigonometric-combinations", "App. E, Fig. 13", "trigonometric",
+    # Sec. 5, linear task (Fig. 3), repeated in App. E.1
+    *claims_for_both_readings("linear-alpha-positive", "Sec. 5, Fig. 3", "linear",
+                              "alpha > 0 converges to a poorer result", "hurts", 1, "final"),
+    *claims_for_both_readings("linear-alpha-negative-faster", "Sec. 5, Fig. 3", "linear",
+                              "alpha < 0 converges faster", "helps", -1, "speed"),
+    *claims_for_both_readings("linear-alpha-negative-comparable", "Sec. 5, Fig. 3", "linear",
+                              "alpha < 0 reaches a final result comparable to the normal model",
+                              "comparable", -1, "final"),
+    Claim("linear-g2-faster", "Sec. 5, Fig. 3", "linear",
+          "g2 alone (augmented keys) converges slightly faster", "helps", augmented("none", "gelu"), "speed"),
+    Claim("linear-g2-plus-slower-early", "Sec. 5, Fig. 3", "linear",
+          "g2+ (a two-layer MLP on the keys) converges slightly slower at first (before the first "
+          "test checkpoint)", "hurts",
+          augmented("none", "mlp-gelu"), "speed, early"),
+    Claim("linear-g2-plus-faster-late", "Sec. 5, Fig. 3", "linear",
+          "g2+ eventually accelerates convergence", "helps", augmented("none", "mlp-gelu"), "speed, late"),
+    Claim("linear-g2-plus-better", "Sec. 5, Fig. 3", "linear",
+          "g2+ achieves a better solution", "helps", augmented("none", "mlp-gelu"), "final"),
+    Claim("linear-negative-k3-faster", "Sec. 5, Fig. 3", "linear",
+          "negative samples with k = 3, beta = 0.1 can converge slightly faster", "helps", negative(3, 0.1),
+          "speed"),
+    Claim("linear-combination-sufficient", "App. E.3, Fig. 13", "linear",
+          "regularized + augmented is sufficient (read: adding negative samples to it does not do "
+          "better)", "not-worse-than-more", LINEAR_COMBINATION),
+    # App. E.2.1, trigonometric task (Fig. 11)
+    *claims_for_both_readings("trigonometric-alpha-negative-faster", "App. E.2.1, Fig. 11", "trigonometric",
+                              "alpha < 0 converges slightly faster", "helps", -1, "speed"),
+    *claims_for_both_readings("trigonometric-alpha-negative-better", "App. E.2.1, Fig. 11", "trigonometric",
+                              "alpha < 0 reaches a better final result", "helps", -1, "final"),
+    Claim("trigonometric-g2-comparable", "App. E.2.1, Fig. 11", "trigonometric",
+          "g2 alone gives a result comparable with the normal model", "comparable", augmented("none", "gelu")),
+    Claim("trigonometric-g2-plus-faster", "App. E.2.1, Fig. 11", "trigonometric",
+          "g2+ (two-layer ELU MLP on the keys) accelerates convergence", "helps", augmented("none", "mlp-elu"),
+          "speed"),
+    Claim("trigonometric-negative-worse", "App. E.2.1, Fig. 11", "trigonometric",
+          "negative samples perform worse than the normal model (even the best k)", "hurts", negative()),
+    Claim("trigonometric-combinations", "App. E.3, Fig. 13", "trigonometric",
           "combinations are worse than the best single modification", "worse-than-single",
           lambda g, m: g == "combination"),
-    Claim("exponential-alpha-16", "App. E.2.2, Fig. 12", "exponential",
-          "alpha = 16 improves the layer (best reading that defines it)", "helps", is_alpha(16.0)),
+    # App. E.2.2, exponential task (Fig. 12)
+    Claim("exponential-alpha-16-faster", "App. E.2.2, Fig. 12", "exponential",
+          "alpha = 16 converges faster (best reading that defines it)", "helps", is_alpha(16.0), "speed"),
+    Claim("exponential-alpha-16-better", "App. E.2.2, Fig. 12", "exponential",
+          "alpha = 16 achieves a better result (best reading that defines it)", "helps", is_alpha(16.0)),
+    Claim("exponential-alpha-sixth-faster", "App. E.2.2, Fig. 12", "exponential",
+          "alpha = 1/6 (if '16' lost a fraction bar) converges faster", "helps", is_alpha(1 / 6), "speed"),
     Claim("exponential-alpha-sixth", "App. E.2.2, Fig. 12", "exponential",
-          "alpha = 1/6 (if '16' lost a fraction bar) improves the layer (better reading)", "helps",
-          is_alpha(1 / 6)),
+          "alpha = 1/6 (if '16' lost a fraction bar) achieves a better result", "helps", is_alpha(1 / 6)),
     Claim("exponential-g1", "App. E.2.2, Fig. 12", "exponential",
-          "augmenting the values alone (g1) improves the layer", "helps", augmented("gelu", "none")),
+          "g1 alone (augmented values) performs better", "helps", augmented("gelu", "none")),
     Claim("exponential-g2", "App. E.2.2, Fig. 12", "exponential",
-          "augmenting the keys alone (g2) improves the layer", "helps", augmented("none", "gelu")),
+          "g2 alone (augmented keys) performs better", "helps", augmented("none", "gelu")),
     Claim("exponential-g1-g2-unstable", "App. E.2.2", "exponential",
-          "using g1 and g2 together is unstable (a seed diverges or ends worse than the mean)", "unstable",
-          augmented("gelu", "gelu")),
-    Claim("exponential-combinations", "App. E, Fig. 13", "exponential",
+          "g1 and g2 together make training unstable (a seed diverges or ends worse than the mean)",
+          "unstable", augmented("gelu", "gelu")),
+    Claim("exponential-negative-no-gain", "App. E.2.2, Fig. 12", "exponential",
+          "negative samples show no significant improvement (even the best k)", "no gain", negative()),
+    Claim("exponential-combinations", "App. E.3, Fig. 13", "exponential",
           "combinations are worse than the best single modification", "worse-than-single",
           lambda g, m: g == "combination"),
+)
+# what the paper claims that the saved run cannot judge: it trains none of these variants
+NOT_TRAINED = (
+    ("App. E.2.1, Fig. 11", "trigonometric", "g1 alone significantly degrades convergence speed and final results"),
+    ("App. E.2.1, Fig. 11", "trigonometric", "g1 and g2 together significantly degrade convergence speed and final "
+                                             "results"),
 )
 
 
 # the claims the temperature check judges again on layers without the d**-1/4 scale
-TEMPERATURE_CLAIMS = (
-    *(c for c in CLAIMS if c.id in ("linear-alpha-negative-proportional", "linear-alpha-negative-constant")),
-    Claim("linear-g2", "Sec. 5, App. E.1, Fig. 3", "linear",
-          "augmenting the keys with one GELU layer (g2) improves the layer", "helps", augmented("none", "gelu")),
-)
+TEMPERATURE_CLAIMS = tuple(c for c in CLAIMS if c.id.startswith(("linear-alpha-negative", "linear-g2-faster")))
 
 
 def temperature_check(with_scale, without_scale):
@@ -221,7 +323,8 @@ def temperature_check(with_scale, without_scale):
             pair[key] = {"variant": m["name"], "median_difference": m["median_difference"],
                          "interval": m["interval"], "no_effect": m["no_effect"], "better": m["better"],
                          "worse": m["worse"], "verdict": judged["verdict"]}
-        found.append({"id": claim.id, "claim": claim.claim, **pair, "changes": pair["with"]["verdict"] != pair["without"]["verdict"]})
+        changes = pair["with"]["verdict"] != pair["without"]["verdict"]
+        found.append({"id": claim.id, "claim": claim.claim, **pair, "changes": changes})
     return found
 
 
@@ -230,14 +333,27 @@ def measure(claim, record, until):
     names = names_where(record, claim.select)
     if not names:
         raise ValueError(f"claim {claim.id}: the {claim.task} record trains none of its variants")
+    quantity = claim.quantity
+    best = best_of(record, names, until=until, quantity=quantity, closest=claim.rule == "comparable")
     if claim.rule == "worse-than-single":
-        single = names_where(record, lambda g, m: g not in ("combination", "normal"))
-        best_single = best_of(record, single, until=until)
-        comparison = paired(record, best_of(record, names, until=until), until=until, against=best_single)
+        # "worse than using regularized or augmented modification individually" (App. E.3)
+        single = names_where(record, lambda g, m: g in ("regularized", "augmented"))
+        best_single = best_of(record, single, until=until, quantity=quantity)
+        comparison = paired(record, best, until=until, against=best_single, quantity=quantity)
         return comparison, verdict_hurts(comparison)
-    comparison = paired(record, best_of(record, names, until=until), until=until)
-    rule = {"helps": verdict_helps, "hurts": verdict_hurts, "unstable": verdict_unstable}[claim.rule]
-    return comparison, rule(comparison)
+    if claim.rule == "not-worse-than-more":   # each combination against itself with negatives added
+        added = {name: [n for n in names_where(record, lambda g, m: m["negative_k"] > 0)
+                        if n.startswith(name + " + k=")] for name in names}
+        names = [name for name in names if added[name]]
+        if not names:
+            raise ValueError(f"claim {claim.id}: no combination of the {claim.task} record has a counterpart "
+                             "with negative samples")
+        best = best_of(record, names, until=until, quantity=quantity)
+        comparison = paired(record, best, until=until, quantity=quantity,
+                            against=best_of(record, added[best], until=until, quantity=quantity))
+        return comparison, verdict_not_worse(comparison)
+    comparison = paired(record, best, until=until, quantity=quantity)
+    return comparison, SECTION5_RULES[claim.rule](comparison)
 
 
 def evaluate(records, claims=CLAIMS):
@@ -254,6 +370,7 @@ def evaluate(records, claims=CLAIMS):
         stable = verdict_full == verdict_half or (claim.rule == "unstable" and verdict_full == "agrees")
         results.append({
             "id": claim.id, "where": claim.where, "task": claim.task, "claim": claim.claim, "rule": claim.rule,
+            "quantity": claim.quantity,
             "measurement": full, "at_half": half, "verdict_at_end": verdict_full, "verdict_at_half": verdict_half,
             "stable": stable, "verdict": verdict_full if stable else "inconclusive",
         })
@@ -266,10 +383,10 @@ def equivalence_claim(records, tolerance=1e-24):
     gaps = [(curve["squared_error"][0], curve["squared_error"][-1])
             for record in records.values() for curve in record["equivalence"].values()]
     worst = max(end / max(1.0, start) for start, end in gaps)
-    return {"id": "equivalence", "where": "Sec. 5, Fig. 3 (left), Theorem 3.1", "task": "all",
+    return {"id": "equivalence", "where": "Sec. 5, App. E.2, Figs. 3, 11, 12 (left), Theorem 3.1", "task": "all",
             "claim": "the trained layer's output equals its dual model after N per-demonstration SGD steps",
             "rule": "exact", "measurement": {"worst_relative_squared_gap": worst, "tolerance": tolerance},
-            "stable": True, "verdict": "agrees" if worst <= tolerance else "disagrees"}
+            "quantity": "final", "stable": True, "verdict": "agrees" if worst <= tolerance else "disagrees"}
 
 
 def random_feature_claim(study):
@@ -280,11 +397,11 @@ def random_feature_claim(study):
     slope = log_log_slope(counts, errors)
     falling = all(b < a for a, b in zip(errors, errors[1:]))
     verdict = "agrees" if falling else ("disagrees" if slope >= 0 else "inconclusive")
-    return {"id": "random-features", "where": "App. E, Figs. 6-8", "task": "linear (trained layers)",
+    return {"id": "random-features", "where": "App. E.1, Figs. 6-8", "task": "linear (trained layers)",
             "claim": "the random-feature estimate of attention improves as d_r grows",
             "rule": "falls", "measurement": {"feature_counts": counts, "attention_mse": errors, "slope": slope,
                                              "monotone": falling},
-            "stable": True, "verdict": verdict}
+            "quantity": "final", "stable": True, "verdict": verdict}
 
 
 def rank_claim(rank):
@@ -293,11 +410,11 @@ def rank_claim(rank):
     d, threshold = rank["d"], rank["paper_saturation"]
     wide = [b for h, b in zip(rank["hidden_sizes"], rank["mean_bound"]) if h >= threshold]
     saturated = [h for h, b in zip(rank["hidden_sizes"], rank["mean_bound"]) if b >= d - 0.5]
-    return {"id": "rank-saturation", "where": "App. B.1, Fig. 14 (right)", "task": "linear (trained FFN layers)",
+    return {"id": "rank-saturation", "where": "App. E.4, Fig. 14 (right)", "task": "linear (trained FFN layers)",
             "claim": f"the Rank(W_F) bound saturates at d = {d} once d_h >= {threshold}",
             "rule": "saturates", "measurement": {"hidden_sizes": rank["hidden_sizes"], "mean_bound": rank["mean_bound"],
                                                  "first_saturated": min(saturated) if saturated else None},
-            "stable": True, "verdict": "agrees" if wide and min(wide) >= d - 0.5 else "disagrees"}
+            "quantity": "final", "stable": True, "verdict": "agrees" if wide and min(wide) >= d - 0.5 else "disagrees"}
 
 
 RAISED = 1.5      # a variant's median query weight at least this many times its partner's: "raised"
@@ -358,7 +475,7 @@ def markdown_rows(rows):
 
 def markdown_claims(results):
     """The verdicts as a Markdown table."""
-    lines = ["| claim | where | task | our measurement | verdict |", "|---|---|---|---|---|"]
+    lines = ["| claim | where | task | quantity | our measurement | verdict |", "|---|---|---|---|---|---|"]
     for r in results:
         m = r["measurement"]
         if r["rule"] == "exact":
@@ -372,8 +489,9 @@ def markdown_claims(results):
             measured = (f"`{m['name']}`: diff. {number(m['median_difference'], 2)} "
                         f"[{number(low, 2)}, {number(high, 2)}], {m['better']} better / {m['worse']} worse"
                         + (f" / {m['diverged']} diverged" if m["diverged"] else ""))
-            if r["rule"] == "worse-than-single":
+            if not m["against"].startswith("normal"):
                 measured += f" vs `{m['against']}`"
         verdict = r["verdict"] if r["stable"] else f"inconclusive (end: {r['verdict_at_end']}, half: {r['verdict_at_half']})"
-        lines.append(f"| {r['claim']} | {r['where']} | {r['task']} | {measured} | **{verdict}** |")
+        lines.append(f"| {r['claim']} | {r['where']} | {r['task']} | {r.get('quantity', 'final')} | {measured} | "
+                     f"**{verdict}** |")
     return "\n".join(lines)
