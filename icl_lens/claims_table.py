@@ -226,6 +226,8 @@ def li_rows(saved, record):
                    "without_temperature": None, "reading": claim["measured"]}
         row["where"] = row["where"].replace("Li et al., ", "")
         row["verdict"] = vocabulary(verdict)
+        if row["verdict"] == "disagrees" and row["margin"] is not None:   # the slack of the miss
+            row["margin"] = -row["margin"]
         if row["verdict"] != verdict:
             row["reading"] += f" ({verdict})"
         rows.append(row)

@@ -25,6 +25,9 @@ def test_every_row_has_the_fields_and_a_verdict_in_the_vocabulary():
     assert {row["section"] for row in rows} == {"experiments", "across_tasks", "bert", "closeness_experiment"}
     assert len({row["id"] for row in rows}) == len(rows) and len(rows) >= 35
     assert sum(row["quantity"].startswith("speed") for row in rows) >= 5
+    # a decisive verdict held its condition: its margin is not negative
+    assert all(row["margin"] >= 0 for row in rows
+               if row["verdict"] in ("agrees", "disagrees") and row["margin"] is not None)
     # an inconclusive paired comparison says how many seeds it would need; a decisive one does not
     for row in rows:
         if row["seeds_needed"] is not None:
