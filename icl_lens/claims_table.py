@@ -310,14 +310,14 @@ def effect_text(row):
 
 def markdown(rows, *, links=True):
     """The table as Markdown; with ``links`` each claim links to the chapter that shows it."""
-    lines = ["| claim (where in the paper) | verdict | effect [95% interval] | band | margin | "
+    lines = ["| claim (where in the paper) | verdict (measure) | effect [95% interval] | band | margin | "
              "seeds (needed) |", "|---|---|---|---|---|---|"]
     for row in rows:
         claim = f"[{row['claim']}]({row['section']}.md)" if links else row["claim"]
         seeds = number(row["seeds"])
         if row["seeds_needed"] is not None:
             seeds += f" ({row['seeds_needed'] if row['seeds_needed'] <= 1000 else '> 1000'})"
-        lines.append(f"| {claim} ({row['paper']} {row['where']}) | **{row['verdict']}** | "
+        lines.append(f"| {claim} ({row['paper']} {row['where']}) | **{row['verdict']}** ({row['quantity']}) | "
                      f"{effect_text(row)} | {number(row['band'])} | {number(row['margin'])} | {seeds} |")
     return "\n".join(lines)
 
