@@ -296,7 +296,7 @@ def counts(rows):
 def number(value, digits=2):
     if value is None:
         return "–"
-    if isinstance(value, float) and math.isinf(value):
+    if isinstance(value, float) and (math.isinf(value) or abs(value) >= 1e300):   # 1e300: the bootstrap's inf
         return "diverged"
     return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
 

@@ -275,3 +275,10 @@ def test_each_claim_is_read_in_the_papers_direction_and_quantity():
                for c in section5_claims.CLAIMS]
     assert direction_errors(flipped) == ["trigonometric-negative-worse"]
     assert sum(c.quantity.startswith("speed") for c in section5_claims.CLAIMS) >= 5
+
+
+def test_a_diverged_value_prints_as_diverged_never_as_the_bootstraps_stand_in():
+    assert [section5_claims.number(v, 2) for v in (None, math.inf, 1e300, -1e300, 0.0123)] == \
+        ["diverged"] * 4 + ["0.012"]
+    interval = verdicts.bootstrap_median_interval([math.inf] * 4 + [0.1])
+    assert section5_claims.number(interval[1]) == "diverged"

@@ -458,7 +458,11 @@ def variant_rows(record, until=1.0):
 
 
 def number(value, digits=3):
-    return "diverged" if value is None or not math.isfinite(value) else f"{value:.{digits}g}"
+    """A loss or difference for a table; "diverged" for a diverged model (None, inf, or the bootstrap's
+    stand-in for inf, 1e300)."""
+    if value is None or not math.isfinite(value) or abs(value) >= 1e300:
+        return "diverged"
+    return f"{value:.{digits}g}"
 
 
 def markdown_rows(rows):
