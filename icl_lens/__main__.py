@@ -6,6 +6,7 @@ on several GPUs: ``accelerate launch -m icl_lens glue ...``)."""
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from icl_lens.bert.glue import TASKS as GLUE_TASKS
 from icl_lens.reproduce import FIGURES, OUTPUTS_TABLE, reproduce
@@ -77,9 +78,8 @@ def print_claims(parser, args):
     print(claims_table.markdown(rows, links=False))
     print(", ".join(f"{verdict} {count}" for verdict, count in claims_table.counts(rows).items()))
     if args.write:
-        folder = args.data or None
-        path = claims_table.save(rows, None if folder is None else f"{folder}/claims.json")
-        print(f"written: {path}")
+        path = Path(args.data) / "claims.json" if args.data else None   # None: book/data/claims.json
+        print(f"written: {claims_table.save(rows, path)}")
 
 
 def run_glue(parser, args):

@@ -18,9 +18,9 @@ from typing import TypedDict
 
 import torch
 
-from icl_lens import context_use
 from icl_lens.results import load_result, repository_root, save_result
-from icl_lens.studies import across_tasks, li_et_al, section5_claims, table1
+from icl_lens.studies import across_tasks, li_et_al, section5, section5_claims, table1
+from icl_lens.verdicts import improvement_interval
 
 VOCABULARY = ("agrees", "disagrees", "partly", "inconclusive")
 FIELDS = ("id", "paper", "where", "claim", "quantity", "rule", "verdict", "effect", "unit", "interval",
@@ -54,12 +54,6 @@ class Row(TypedDict):
     without_temperature: str | None   # Section 5: the verdict with q and k left unscaled
 
 
-def improving(interval, lower_is_better):
-    """(low, high) of an interval of differences in units of improvement."""
-    low, high = interval
-    return (-high, -low) if lower_is_better else (low, high)
-
-
 def margin(rule, interval, band, *, lower_is_better=True, verdict=None, effect=None):
     """The slack of the condition that gave ``verdict`` under ``rule`` (see
     :mod:`icl_lens.verdicts`), in the effect's units; for an inconclusive verdict, the largest
@@ -67,7 +61,7 @@ def margin(rule, interval, band, *, lower_is_better=True, verdict=None, effect=N
     median ``effect``, "agrees" under helps / hurts also needs it beyond the band."""
     if interval is None or None in interval or any(math.isinf(x) for x in interval):
         return None
-    low, high = improving(interval, lower_is_better)
+    low, high = improvement_interval(interval, lower_is_better)
     spread = max(abs(low), abs(high))
     gain = None if effect is None else (-effect if lower_is_better else effect)
     if rule == "hurts":
@@ -151,7 +145,7 @@ def section5_rows(saved, records, context, temperature=None):
                        reading=f"worst relative squared gap {worst:.2g} (tolerance {tolerance:g})")
         elif claim["rule"] == "falls":
             row.update(effect=m["slope"], unit="log-log slope of attention MSE against d_r", band=0.0,
-                       margin=-m["slope"], seeds=None, section="experiments",
+                       margin=-m["slope"], seeds=None,
                        reading=f"slope {m['slope']:.2f}; falls at every step: {m['monotone']}")
         elif claim["rule"] == "saturates":
             row.update(effect=m["first_saturated"], unit="first d_h at which the bound is d",
@@ -272,8 +266,7 @@ def every_claim(data=None):
     """Every row, from the saved records under ``data`` (default ``book/data``)."""
     data = Path(data) if data is not None else repository_root() / "book" / "data"
     experiments = data / "experiments"
-    records = {kind: load_result(experiments, f"task_{kind}") for kind in ("linear", "trigonometric",
-                                                                            "exponential")}
+    records = {kind: load_result(experiments, f"task_{kind}") for kind in section5.EXPERIMENTS}
     temperature = load_result(experiments, "temperature") if (experiments / "temperature.json").exists() \
         else None
     rows = section5_rows(load_result(experiments, "claims"), records,
@@ -294,11 +287,11 @@ def counts(rows):
 
 
 def number(value, digits=2):
+    """A cell: "–" where there is no value, a count as it is, a float as the Section 5 tables
+    print it (:func:`icl_lens.studies.section5_claims.number`, "diverged" included)."""
     if value is None:
         return "–"
-    if isinstance(value, float) and (math.isinf(value) or abs(value) >= 1e300):   # 1e300: the bootstrap's inf
-        return "diverged"
-    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+    return section5_claims.number(value, digits) if isinstance(value, float) else str(value)
 
 
 def effect_text(row):

@@ -243,15 +243,14 @@ def temperature_check(run):
         if run.seeds is not None:
             config = replace(config, seeds=tuple(run.seeds))
         config = config.quick() if run.quick else config
-        record = section5.run_experiment(config, device=run.device, progress=run.log is not None,
-                                         compile=run.compile, workers=run.workers)
+        return judged(section5.run_experiment(config, device=run.device, progress=run.log is not None,
+                                              compile=run.compile, workers=run.workers))
+
+    def judged(record):
         return {"record": record, "claims": section5_claims.temperature_check(run.task("linear"), record)}
 
-    saved = Path(run.out) / "temperature.json"
-    if run.reuse and saved.exists():   # the claims judged again on the saved record, no training
-        record = load_result(run.out, "temperature")["record"]
-        result = {"record": record, "claims": section5_claims.temperature_check(run.task("linear"), record)}
-        return run.save("temperature", "temperature", result, None)
+    if run.reuse and (Path(run.out) / "temperature.json").exists():   # judged again, no training
+        return run.save("temperature", "temperature", judged(load_result(run.out, "temperature")["record"]))
     run.shared("temperature", compute, lambda record: None)
     return run.written["temperature"]
 

@@ -127,6 +127,8 @@ def comparable(interval, band):
 
 def no_gain(interval, band, *, lower_is_better=True):
     """The rule for a claim that the variant is not better by more than the band."""
+    if None in interval:
+        return "inconclusive"
     low, high = improvement_interval(interval, lower_is_better)
     if low > 0:
         return "disagrees"
@@ -135,6 +137,8 @@ def no_gain(interval, band, *, lower_is_better=True):
 
 def not_worse(interval, band, *, lower_is_better=True):
     """The rule for a claim that the variant is at least as good, to within the band."""
+    if None in interval:
+        return "inconclusive"
     low, high = improvement_interval(interval, lower_is_better)
     if high < 0:
         return "disagrees"

@@ -92,11 +92,12 @@ def speed(record, model, until=1.0, part="all"):
     config = record.get("config", {})
     decay = config.get("decay_fraction", 0.2) if config.get("schedule", "constant") == "decay" else 0.0
     end = epochs * (1 - decay)
-    points = [loss for epoch, loss in zip(record["checkpoint_epochs"], model["test_curve"]) if epoch <= end + 1e-9]
     if part == "early":
         points = model["train_loss"][:max(1, record["checkpoint_epochs"][0] - 1)]
-    elif part == "late":
-        points = points[-max(1, len(points) // 3):]
+    else:
+        points = [loss for epoch, loss in zip(record["checkpoint_epochs"], model["test_curve"])
+                  if epoch <= end + 1e-9]
+        points = points[-max(1, len(points) // 3):] if part == "late" else points
     if not points:
         raise ValueError(f"the record has no checkpoint in the constant-rate phase of {epochs} epochs")
     variance = record["baselines"][seed_key(model["seed"])]["label_variance"]
@@ -172,14 +173,12 @@ def verdict_comparable(comparison):
 
 
 def verdict_no_gain(comparison):
-    if None in comparison["interval"]:
-        return "inconclusive"
     return verdicts.no_gain(comparison["interval"], comparison["no_effect"])
 
 
 def verdict_not_worse(comparison):
-    if None in comparison["interval"]:
-        return "disagrees" if comparison["diverged"] else "inconclusive"
+    if None in comparison["interval"] and comparison["diverged"]:
+        return "disagrees"   # a diverged variant is worse, whatever the interval of the rest
     return verdicts.not_worse(comparison["interval"], comparison["no_effect"])
 
 
