@@ -51,6 +51,10 @@ def main(argv=None):
     table = commands.add_parser("claims", help="every claim of both papers and its verdict, from the saved records")
     table.add_argument("--data", help="the folder of saved records (default book/data)")
     table.add_argument("--write", action="store_true", help="also write claims.json into that folder")
+    table.add_argument("--rerun", choices=list(RERUN), metavar="STUDY",
+                       help=f"first recompute one study's saved claims from its saved record ({', '.join(RERUN)})"
+                            "; with --train, train it again first")
+    table.add_argument("--train", action="store_true", help="with --rerun: train the study again (slow)")
     args = parser.parse_args(argv)
     if args.command == "glue":
         return run_glue(parser, args)
@@ -68,10 +72,24 @@ def main(argv=None):
     print(f"done in {time.perf_counter() - start:.1f} s", file=sys.stderr)
 
 
+# the studies whose claims the table reads: the outputs that judge them, and their folder under --data
+RERUN = {"section5": (["claims", "temperature"], "experiments"), "multitask": (["multitask"], "multitask"),
+         "softmax-regression": (["softmax-regression"], "closeness"), "table1": (["table1"], "table1")}
+
+
 def print_claims(parser, args):
     from icl_lens import claims_table
+    from icl_lens.results import repository_root
 
+    if args.train and not args.rerun:
+        parser.error("--train needs --rerun STUDY")
     try:
+        if args.rerun:
+            outputs, folder = RERUN[args.rerun]
+            data = Path(args.data) if args.data else repository_root() / "book" / "data"
+            if args.train and args.rerun == "section5":
+                outputs = ["all", "temperature"]
+            reproduce(outputs, out=data / folder, reuse=not args.train)
         rows = claims_table.every_claim(args.data)
     except (OSError, ValueError) as error:   # a missing or stale record: a message, no traceback
         parser.error(f"--data: {error}")

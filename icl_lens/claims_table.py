@@ -20,11 +20,12 @@ import torch
 
 from icl_lens.results import load_result, repository_root, save_result
 from icl_lens.studies import across_tasks, li_et_al, section5, section5_claims, table1
+from icl_lens import verdicts
 from icl_lens.verdicts import improvement_interval
 
 VOCABULARY = ("agrees", "disagrees", "partly", "inconclusive")
 FIELDS = ("id", "paper", "where", "claim", "quantity", "rule", "verdict", "effect", "unit", "interval",
-          "band", "margin", "seeds", "seeds_needed", "section", "reading", "context",
+          "band", "margin", "seeds", "seeds_apart", "seeds_needed", "section", "reading", "context",
           "without_temperature")
 Z = 1.96   # the 95% level of the studies' intervals
 RULE_FORMS = ("helps", "hurts", "no gain", "not worse", "comparable")
@@ -46,7 +47,8 @@ class Row(TypedDict):
     band: float | None             # the no-effect band (or tolerance) the rule reads against
     margin: float | None           # slack of the verdict's condition (< 0: how far it was missed);
                                    # Section 5: of the verdict at the end of training
-    seeds: int | None
+    seeds: int | None              # the seeds that decide the verdict
+    seeds_apart: dict | None       # Section 5: {seed: why it cannot decide} (screen, chaos)
     seeds_needed: int | None       # inconclusive paired comparisons: seeds to settle it
     section: str                   # the chapter that shows it
     reading: str                   # the measurement in the study's own words
@@ -111,17 +113,23 @@ def section5_rows(saved, records, context, temperature=None):
         row = {"id": claim["id"], "paper": "R&L", "where": claim["where"], "claim": named,
                "quantity": claim.get("quantity", "final"), "rule": claim["rule"], "verdict": claim["verdict"],
                "section": "experiments", "context": None, "interval": None, "band": None, "margin": None,
-               "seeds_needed": None, "without_temperature": unscaled.get(claim["id"])}
+               "seeds_apart": None, "seeds_needed": None, "without_temperature": unscaled.get(claim["id"])}
         if "median_difference" in m:          # a paired comparison of normalised test losses
             rule = SECTION5_RULES.get(claim["rule"], claim["rule"])
             interval = None if None in m["interval"] else m["interval"]
-            unit = ("loss / label variance, variant - other" if row["quantity"] == "final"
-                    else "mean log loss ratio before the decay, variant - other")
+            unit = ("log(variant / other) of the loss at the end" if row["quantity"] == "final"
+                    else "mean log(variant / other) of the loss before the decay")
+            apart = {seed: entry["reason"] for seed, entry in m["seeds_apart"].items()}
             row.update(effect=m["median_difference"], unit=unit,
-                       interval=interval, band=m["no_effect"], seeds=m["seeds"],
+                       interval=interval, band=m["no_effect"], seeds=m["seeds"], seeds_apart=apart,
                        reading=f"{m['name']} against {m['against']}: better / worse / diverged "
                                f"{m['better']} / {m['worse']} / {m['diverged']} of {m['seeds']}")
             at_end = claim.get("verdict_at_end", claim["verdict"])
+            task = records.get(claim["task"])
+            if row["quantity"] == "final" and task is not None and not task["convergence"]["converged"]:
+                row["reading"] += ("; this task's normal model has not converged (training twice as long still "
+                                   "moves its loss by more than a tenth), so the final result is one at a fixed "
+                                   "budget of training")
             if at_end != claim["verdict"]:
                 row["reading"] += (f"; {at_end} at the end of training, {claim['verdict_at_half']} at half of "
                                    "it, so inconclusive")
@@ -141,16 +149,30 @@ def section5_rows(saved, records, context, temperature=None):
         elif claim["rule"] == "exact":
             worst, tolerance = m["worst_relative_squared_gap"], m["tolerance"]
             row.update(effect=worst, unit="relative squared gap", band=tolerance,
-                       margin=tolerance - worst, seeds=len(next(iter(records.values()))["equivalence"]),
+                       margin=tolerance - worst, seeds=sum(len(r["equivalence"]) for r in records.values()),
                        reading=f"worst relative squared gap {worst:.2g} (tolerance {tolerance:g})")
         elif claim["rule"] == "falls":
             row.update(effect=m["slope"], unit="log-log slope of attention MSE against d_r", band=0.0,
                        margin=-m["slope"], seeds=None,
                        reading=f"slope {m['slope']:.2f}; falls at every step: {m['monotone']}")
+        elif claim["rule"] == "below":
+            row.update(effect=m["median"], unit="attention MAE of trained layers at d_r = 1200 (median)",
+                       band=m["threshold"], interval=m["quartiles"], seeds=None,
+                       margin=m["threshold"] - m["quartiles"][1] if claim["verdict"] == "agrees"
+                       else m["quartiles"][0] - m["threshold"] if claim["verdict"] == "disagrees"
+                       else -min(m["quartiles"][1] - m["threshold"], m["threshold"] - m["quartiles"][0]),
+                       reading=f"{m['ratio_to_random']:.0f} x the random layers' error at the same d_r")
+        elif claim["rule"] == "ratio":
+            row.update(effect=m["ratio"], unit="median error of the largest tenth of the weights / the rest's",
+                       band=m["threshold"], seeds=None,
+                       margin=m["ratio"] - m["threshold"] if claim["verdict"] == "agrees" else
+                       1 - m["ratio"] if claim["verdict"] == "disagrees" else m["ratio"] - m["threshold"],
+                       reading=f"one trained layer (seed 0), d_r = 1200: ratio {m['ratio']:.2f}")
         elif claim["rule"] == "saturates":
-            row.update(effect=m["first_saturated"], unit="first d_h at which the bound is d",
-                       band=None, margin=None, seeds=None,
-                       reading=f"first saturated at d_h = {m['first_saturated']}")
+            row.update(effect=m["fewest_at_or_above"], unit="seeds whose bound reaches d - 0.5, fewest over "
+                       "the widths from the paper's", band=None, seeds=m["seeds"],
+                       margin=None,   # a count of whole seeds: the effect itself is the margin
+                       reading=f"every seed saturates from d_h = {m['every_seed_from']}")
         rows.append(row)
     return rows
 
@@ -173,7 +195,8 @@ def table1_rows(saved, record):
                "band": table1.NO_EFFECT,
                "margin": margin(definition.rule, m["interval"], table1.NO_EFFECT, lower_is_better=False,
                                 verdict=m["verdict"]),
-               "seeds": len(differences), "seeds_needed": None, "section": "bert", "context": None,
+               "seeds": len(differences), "seeds_apart": None, "seeds_needed": None, "section": "bert",
+               "context": None,
                "without_temperature": None,
                "reading": f"{claim['compared']}: {m['verdict']} after {record['study']['epochs']} "
                           f"epochs, {longer} after {record['study']['longer_epochs']}"}
@@ -189,7 +212,7 @@ def ratio_row(claim, summary, seeds, section, paper):
     return {"id": claim["id"], "paper": paper, "where": claim["where"], "claim": claim["claim"],
             "quantity": "final", "rule": "matches", "effect": ratio, "unit": "trained / GD* loss",
             "interval": None, "band": li_et_al.MATCH, "margin": li_et_al.MATCH - abs(ratio - 1),
-            "seeds": seeds, "seeds_needed": None, "section": section, "context": None,
+            "seeds": seeds, "seeds_apart": None, "seeds_needed": None, "section": section, "context": None,
             "without_temperature": None, "reading": f"{claim['setting']}: {claim['measured']}"}
 
 
@@ -202,9 +225,16 @@ def li_rows(saved, record):
         verdict = claim["verdict"]
         if claim["id"].startswith("li-closeness-n"):
             n = claim["id"][len("li-closeness-n"):]
-            row = ratio_row(claim, li_et_al.summary(record["lengths"][n]["softmax"]), seeds,
-                            "closeness_experiment", "Li et al.")
-            row["rule"] = f"loss within {li_et_al.MATCH} of GD*'s and Model Cos >= {li_et_al.ALIGNED}"
+            runs = record["lengths"][n]["softmax"]
+            row = ratio_row(claim, li_et_al.summary(runs), seeds, "closeness_experiment", "Li et al.")
+            # the loss condition as the study reads it: the seeds' interval of the log ratio
+            interval, band = li_et_al.loss_ratio_interval(runs), math.log(1 + li_et_al.MATCH)
+            near = verdicts.comparable(interval, band)
+            row.update(effect=verdicts.median(li_et_al.log_loss_ratios(runs)), interval=interval, band=band,
+                       unit="log(trained / GD* loss), median over seeds",
+                       margin=margin("comparable", interval, band, verdict=near))
+            row["rule"] = (f"loss within {li_et_al.MATCH:.0%} of GD*'s (the seeds' interval) and Model Cos >= "
+                           f"{li_et_al.ALIGNED} (the seeds' interval)")
             row["claim"] += f" ({claim['setting']})"
         elif claim["id"] == "li-loss-against-d":
             ratios = [li_et_al.summary(layers["softmax"]) for layers in record["dims"].values()]
@@ -212,15 +242,28 @@ def li_rows(saved, record):
             row = ratio_row(claim, {"trained layer": worst, "one GD step (lr*)": 1.0}, seeds,
                             "closeness_experiment", "Li et al.")
             row["unit"] = "trained / GD* loss, the d farthest from 1"
+        elif claim["id"].startswith("li-model-cos-rises-n"):
+            n = claim["id"][len("li-model-cos-rises-n"):]
+            rise = li_et_al.model_cos_rise(record["lengths"][n]["softmax"])
+            row = {"id": claim["id"], "paper": "Li et al.", "where": claim["where"],
+                   "claim": f"{claim['claim']} ({claim['setting']})", "quantity": "final", "rule": "helps",
+                   "effect": rise["median"], "unit": "Model Cos, last checkpoint - first",
+                   "interval": rise["interval"], "band": li_et_al.COSINE_BAND,
+                   "margin": margin("helps", rise["interval"], li_et_al.COSINE_BAND, lower_is_better=False,
+                                    verdict=vocabulary(verdict), effect=rise["median"]),
+                   "seeds": seeds, "seeds_apart": None, "seeds_needed": None,
+                   "section": "closeness_experiment", "context": None, "without_temperature": None,
+                   "reading": claim["measured"]}
         else:
             row = {"id": claim["id"], "paper": "Li et al.", "where": claim["where"], "claim": claim["claim"],
                    "quantity": "final", "rule": "share of prompts inside the condition >= 0.5",
                    "effect": None, "unit": "", "interval": None, "band": 0.5, "margin": None,
-                   "seeds": seeds, "seeds_needed": None, "section": "closeness_experiment", "context": None,
+                   "seeds": seeds, "seeds_apart": None, "seeds_needed": None, "section": "closeness_experiment",
+                   "context": None,
                    "without_temperature": None, "reading": claim["measured"]}
         row["where"] = row["where"].replace("Li et al., ", "")
         row["verdict"] = vocabulary(verdict)
-        if row["verdict"] == "disagrees" and row["margin"] is not None:   # the slack of the miss
+        if row["verdict"] == "disagrees" and row["id"] == "li-loss-against-d":   # the slack of the miss
             row["margin"] = -row["margin"]
         if row["verdict"] != verdict:
             row["reading"] += f" ({verdict})"
@@ -243,7 +286,7 @@ def across_rows(saved, record):
                      "verdict": vocabulary(claim["verdict"]), "effect": sgd["trained layer"],
                      "unit": "loss / label variance", "interval": None, "band": across_tasks.NO_LEARNING,
                      "margin": sgd["trained layer"] - across_tasks.NO_LEARNING, "seeds": None,
-                     "seeds_needed": None, "section": "across_tasks", "context": None,
+                     "seeds_apart": None, "seeds_needed": None, "section": "across_tasks", "context": None,
                      "without_temperature": None,
                      "reading": f"{claim['measured']} ({claim['verdict']})"})
     return rows
@@ -253,6 +296,8 @@ def vocabulary(verdict):
     """A study's verdict in the table's words."""
     if verdict in VOCABULARY:
         return verdict
+    if verdict.startswith("inconclusive"):
+        return "inconclusive"
     if verdict.startswith("partly") or verdict.startswith("agrees for"):
         return "partly"
     if verdict == "holds":
@@ -304,10 +349,12 @@ def effect_text(row):
 def markdown(rows, *, links=True):
     """The table as Markdown; with ``links`` each claim links to the chapter that shows it."""
     lines = ["| claim (where in the paper) | verdict (measure) | effect [95% interval] | band | margin | "
-             "seeds (needed) |", "|---|---|---|---|---|---|"]
+             "deciding seeds (needed) |", "|---|---|---|---|---|---|"]
     for row in rows:
         claim = f"[{row['claim']}]({row['section']}.md)" if links else row["claim"]
         seeds = number(row["seeds"])
+        if row["seeds_apart"]:
+            seeds += f" + {len(row['seeds_apart'])} apart"
         if row["seeds_needed"] is not None:
             seeds += f" ({row['seeds_needed'] if row['seeds_needed'] <= 1000 else '> 1000'})"
         lines.append(f"| {claim} ({row['paper']} {row['where']}) | **{row['verdict']}** ({row['quantity']}) | "

@@ -50,6 +50,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
 from icl_lens import context_use
 from icl_lens.device import pick
 from icl_lens.figures import prompt_layers as prompt_layer_figures
@@ -147,7 +149,7 @@ def approximation_study(run):
     return run.shared("fig6-8", lambda: section5.approximation_study(run.task("linear"), quick=run.quick,
                                                                      device=run.device),
                       lambda study: theory_figures.approximation_error_figure(
-                          study, title=f"Figs. 6-8: random features, median and quartiles of {repeats} repeats"))
+                          study, title=f"R&L Figs. 6-8: random features, median and quartiles of {repeats} repeats"))
 
 
 def figure_numbers(result, groups):
@@ -162,7 +164,7 @@ def task_figure(name, kind):
     """Figs. 3, 11, 12: one task's panels, median and quartiles over seeds."""
     def write(run):
         result = run.task(kind)
-        title = (f"Fig. {name[3:]}: {result['task']} task, {result['config']['epochs']} epochs, "
+        title = (f"R&L Fig. {name[3:]}: {result['task']} task, {result['config']['epochs']} epochs, "
                  f"median and quartiles over {len(result['config']['seeds'])} seeds")
         figure = section5_figures.experiment_figure(result, PANELS, title=title)
         return run.save(name, name, figure_numbers(result, PANELS), figure)
@@ -171,7 +173,7 @@ def task_figure(name, kind):
 
 def seeds_figure(run):
     result = run.task("linear")
-    title = f"Fig. 10: linear task, {result['config']['epochs']} epochs, one seed a row"
+    title = f"R&L Fig. 10: linear task, {result['config']['epochs']} epochs, one seed a row"
     figure = section5_figures.seeds_figure(result, PANELS, result["config"]["seeds"], title=title)
     return run.save("fig10", "fig10", figure_numbers(result, PANELS), figure)
 
@@ -179,7 +181,7 @@ def seeds_figure(run):
 def combinations_figure(run):
     tasks = run.tasks()
     epochs = ", ".join(f"{kind} {r['config']['epochs']}" for kind, r in tasks.items())
-    figure = section5_figures.combinations_figure(tasks, title=f"Fig. 13: combinations (epochs: {epochs})")
+    figure = section5_figures.combinations_figure(tasks, title=f"R&L Fig. 13: combinations (epochs: {epochs})")
     numbers = {kind: figure_numbers(result, ("combination",)) for kind, result in tasks.items()}
     return run.save("fig13", "fig13", numbers, figure)
 
@@ -196,11 +198,20 @@ def approximation_figure(run):
     return run.written["fig6-8"]
 
 
+def heatmaps_study(run):
+    """Fig. 9 on the first seed's trained layer (``fig9.json``)."""
+    def compute():
+        compared = section5.heatmaps(run.task("linear"), run.device)
+        return {key: value.tolist() for key, value in compared.items()}
+
+    return run.shared("fig9", compute, lambda compared: theory_figures.attention_heatmaps_figure(
+        *(torch.tensor(compared[key]) for key in ("attention", "attention_estimate", "output", "output_estimate")),
+        1200))
+
+
 def heatmaps_figure(run):
-    compared = section5.heatmaps(run.task("linear"), run.device)
-    figure = theory_figures.attention_heatmaps_figure(compared["attention"], compared["attention_estimate"],
-                                                      compared["output"], compared["output_estimate"], 1200)
-    return run.save("fig9", "fig9", compared, figure)
+    heatmaps_study(run)
+    return run.written["fig9"]
 
 
 def rank_figure(run):
@@ -213,6 +224,7 @@ def section5_verdicts(run):
     rank, study = rank_study(run), approximation_study(run)
     verdicts = [section5_claims.equivalence_claim(tasks), *section5_claims.evaluate(tasks),
                 section5_claims.random_feature_claim(study["trained layers (linear task)"]),
+                section5_claims.low_level_claim(study), section5_claims.larger_values_claim(heatmaps_study(run)),
                 section5_claims.rank_claim(rank)]
     return run.save("claims", "claims", {"rules": section5_claims.RULES, "claims": verdicts})
 
@@ -222,16 +234,24 @@ def context_use_output(run):
     :mod:`icl_lens.context_use` of every model of the three tasks (from their records), and of the
     layers trained with a new task per prompt (:func:`icl_lens.studies.across_tasks.context_use_study`,
     trained here: the same layers as the across-tasks study's)."""
-    def compute():
+    def across():
+        if run.reuse and (Path(run.out) / "context_use.json").exists():   # trained before: read back
+            return load_result(run.out, "context_use")["across_tasks"]
         study = across_tasks.StudyConfig()
         study = study.quick() if run.quick else study
         if run.seeds is not None:
             study = replace(study, seeds=tuple(run.seeds))
+        return across_tasks.context_use_study(study, device=run.device, workers=run.workers)
+
+    def compute():   # the task records' part is read from them, so it follows a retrained task
         return {"measures": context_use.MEASURES,
                 "tasks": {kind: section5.context_use_by_model(record) for kind, record in run.tasks().items()},
-                "across_tasks": across_tasks.context_use_study(study, device=run.device, workers=run.workers)}
+                "across_tasks": across()}
 
-    run.shared("context_use", compute, section5_figures.context_use_figure)
+    if "context_use" not in run._shared:
+        record = compute()
+        run._shared["context_use"] = record
+        run.save("context_use", "context_use", record, section5_figures.context_use_figure(record))
     return run.written["context_use"]
 
 
@@ -247,6 +267,7 @@ def temperature_check(run):
                                               compile=run.compile, workers=run.workers))
 
     def judged(record):
+        record["convergence"] = section5.convergence(record)   # a reused record: by the current criterion
         return {"record": record, "claims": section5_claims.temperature_check(run.task("linear"), record)}
 
     if run.reuse and (Path(run.out) / "temperature.json").exists():   # judged again, no training
@@ -256,8 +277,10 @@ def temperature_check(run):
 
 
 def convergence_study(run):
-    if run.reuse and (Path(run.out) / "convergence.json").exists():   # redraw only
+    if run.reuse and (Path(run.out) / "convergence.json").exists():   # judged again, no training
         studies = load_result(run.out, "convergence")
+        for study in studies.values():
+            study["criterion"] = section5.criteria(study["record"])
     else:
         studies = {kind: section5.convergence_study(kind, quick=run.quick, device=run.device, workers=run.workers,
                                                     compile=run.compile, progress=run.log is not None)
@@ -300,6 +323,8 @@ def chapter_study(name):
     def write(run):
         if run.reuse and (Path(run.out) / f"{study.file}.json").exists():   # redraw only
             record = load_result(run.out, study.file)
+            if hasattr(study.module, "summarise"):   # its summary follows the study's current rules
+                record["summary"] = study.module.summarise(record)
         else:
             start = time.perf_counter()
             config = study.module.StudyConfig()

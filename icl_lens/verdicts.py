@@ -64,14 +64,14 @@ def median(values):
     return float(torch.tensor(list(values), dtype=torch.float64).median())
 
 
-def paired_comparison(differences, bands, *, lower_is_better=True):
-    """Median, bootstrap interval and the seeds beyond their band, of per-seed ``differences``
-    (variant - reference; nan where the reference diverged, left out) with per-seed ``bands``.
-    Returns a :class:`PairedComparison`."""
+def paired_comparison(differences, bands, *, lower_is_better=True, level=0.95):
+    """Median, bootstrap interval (at ``level``) and the seeds beyond their band, of per-seed
+    ``differences`` (variant - reference; nan where the reference diverged, left out) with per-seed
+    ``bands``. Returns a :class:`PairedComparison`."""
     if len(bands) != len(differences):
         raise ValueError(f"bands must give one band per difference ({len(differences)}), got {len(bands)}")
     kept = [(d, b) for d, b in zip(differences, bands) if not math.isnan(d)]
-    low, high = bootstrap_median_interval([d for d, _ in kept]) if kept else (math.nan, math.nan)
+    low, high = bootstrap_median_interval([d for d, _ in kept], level=level) if kept else (math.nan, math.nan)
     sign = -1 if lower_is_better else 1
     return {"median": median(d for d, _ in kept) if kept else math.nan, "interval": [low, high],
             "better": sum(sign * d > b for d, b in kept), "worse": sum(-sign * d > b for d, b in kept)}
@@ -147,12 +147,14 @@ def not_worse(interval, band, *, lower_is_better=True):
 
 def converged(improvements, tolerance, *, two_sided=False):
     """The convergence criterion: the median over seeds of what training twice as long improves
-    (``improvements``, one per seed, in the study's units) is below ``tolerance`` (with
-    ``two_sided``: in absolute value). Returns the median, the seeds that meet it and the verdict."""
-    middle = median(improvements)
+    (``improvements``, one per seed, in the study's units) is below ``tolerance``. With
+    ``two_sided`` each seed's move counts by its size, so a seed that got worse has not converged
+    either, and the median is of the sizes (moves of opposite sign do not cancel). Returns the
+    median, the seeds that meet it and the verdict."""
     size = abs if two_sided else (lambda x: x)
+    middle = median(size(d) for d in improvements)
     return {"median_improvement": middle, "seeds_converged": sum(size(d) < tolerance for d in improvements),
-            "converged": bool(math.isfinite(middle) and size(middle) < tolerance)}
+            "converged": bool(math.isfinite(middle) and middle < tolerance)}
 
 
 def matches(ratio, tolerance):

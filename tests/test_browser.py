@@ -3,8 +3,9 @@
 For each page: no JavaScript error, no request leaves the machine, MathJax typesets its math with no
 error node, every image loads, every internal link points at a file of the build, and pages with
 widgets render them from the embedded state. Nothing is wider than its box (a code line, a printed
-line, a display equation, a table or an image that a reader would have to scroll sideways to
-read), and no live explorer (an ipywidgets ``interactive``, which needs a kernel) is on the page.
+line, a display equation, a table, an image or an API signature that a reader would have to scroll
+sideways to read, and the page itself no wider than the window), no figure caption shows a number
+(it would clash with the papers' figure numbers), and no live explorer (an ipywidgets ``interactive``, which needs a kernel) is on the page.
 A screenshot of each page goes to ``screenshots/``.
 """
 
@@ -36,12 +37,17 @@ OVERFLOW_SCRIPT = """() => {
   const found = [];
   const column = document.querySelector('article') || document.body;
   const right = column.getBoundingClientRect().right;
-  const boxes = 'pre, mjx-container[display="true"], table, .cell_output img, .widget-box';
+  const boxes = 'pre, mjx-container[display="true"], table, article img, .widget-box, dl.py dt';
   for (const el of column.querySelectorAll(boxes)) {
     const box = el.tagName === 'IMG' ? el.getBoundingClientRect().right - right : el.scrollWidth - el.clientWidth;
     if (box > 2 && el.offsetParent !== null) {
       found.push(el.tagName.toLowerCase() + ': ' + (el.textContent || el.src || '').trim().slice(0, 60));
     }
+  }
+  // the page itself: nothing may make the window scroll sideways
+  const page = document.documentElement.scrollWidth - window.innerWidth;
+  if (page > 2) {
+    found.push('page: ' + page + ' px wider than the window');
   }
   return found;
 }"""
@@ -85,6 +91,9 @@ def check_page(browser, html, page_path, screenshots, *, source_listing=False):
     rendered_widgets = page.evaluate("() => document.querySelectorAll('.widget-slider, .widget-dropdown').length")
     live_controls = page.evaluate("() => document.querySelectorAll('.widget-interact').length")
     too_wide = page.evaluate(OVERFLOW_SCRIPT)
+    # the book's figures are captioned by content: a visible "Fig. N" would clash with the papers'
+    numbered = page.evaluate("() => Array.from(document.querySelectorAll('figcaption .caption-number'))"
+                             ".filter(e => e.offsetParent !== null).length")
     page.screenshot(path=str(screenshots / f"{page_path.stem}.png"), full_page=False)
     page.close()
 
@@ -110,6 +119,8 @@ def check_page(browser, html, page_path, screenshots, *, source_listing=False):
         problems.append("widget state embedded but no widget rendered")
     if live_controls:
         problems.append(f"{live_controls} live explorer(s) that need a kernel")
+    if numbered:
+        problems.append(f"{numbered} numbered figure caption(s): the book's numbers would clash with the papers'")
     if too_wide and not source_listing:
         problems.append(f"wider than their box: {too_wide[:4]}")
     return problems, {"math": typeset, "images": len(images), "widgets": rendered_widgets}
@@ -150,7 +161,8 @@ def test_the_checker_catches_a_broken_page(tmp_path):
         "<div class='widget-interact'>a live explorer</div>"
         "<div class='widget-box' style='width:100px;overflow:auto'><div style='width:400px'>frame</div></div>"
         "</article>"
-        "<img src='missing.png'><a href='nowhere.html'>x</a>"
+        "<img src='missing.png'><a href='nowhere.html'>x</a><div style='width:3000px'>too wide a page</div>"
+        "<figure><figcaption><span class='caption-number'>Fig. 3 </span>a numbered caption</figcaption></figure>"
         "<script src='https://cdn.example.invalid/x.js'></script><script>undefined_function()</script></body></html>")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
@@ -158,7 +170,7 @@ def test_the_checker_catches_a_broken_page(tmp_path):
         browser.close()
     text = " ".join(problems)
     for expected in ("JavaScript errors", "requests off the machine", "images not loaded", "broken internal link",
-                     "wider than their box", "live explorer"):
+                     "wider than their box", "live explorer", "wider than the window", "numbered figure"):
         assert expected in text, (expected, problems)
 
 

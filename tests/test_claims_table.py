@@ -114,3 +114,20 @@ def test_claims_command_prints_the_table_and_refuses_a_missing_folder(capsys, tm
         main(["claims", "--data", str(tmp_path / "nowhere")])
     assert stopped.value.code == 2
     assert "--data" in capsys.readouterr().err
+
+
+def test_claims_rerun_judges_one_study_again_from_its_saved_record(capsys, tmp_path):
+    """--rerun table1 rewrites that study's saved claims from its record (no training): a verdict
+    tampered with in the copy comes back; --train without --rerun is refused."""
+    shutil.copytree(DATA, tmp_path / "data", ignore=shutil.ignore_patterns("*.png"))
+    claims = tmp_path / "data" / "table1" / "table1_claims.json"
+    before = claims.read_text()
+    tampered = json.loads(before)
+    tampered["claims"][0]["verdict"] = "tampered"
+    claims.write_text(json.dumps(tampered))
+    main(["claims", "--data", str(tmp_path / "data"), "--rerun", "table1"])
+    assert json.loads(claims.read_text()) == json.loads(before)
+    assert "The best regularized setting does not beat" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["claims", "--train"])
+    assert "--rerun" in capsys.readouterr().err

@@ -29,7 +29,7 @@ def _partner_curves(result, group, seed=None):
     return section5.curves(result, "normal", seed)[name]
 
 
-def _test_panel(axis, result, named_curves, normal, *, legend=True):
+def _test_panel(axis, result, named_curves, normal, *, legend=True, compact=None):
     """Normalised test loss (test MSE / label variance) at the checkpoints: median over seeds and
     interquartile band of each variant, the normal model dashed, the baselines as horizontal lines
     (median over seeds), the decay of the learning rate shaded; 1 is predicting the mean."""
@@ -43,64 +43,99 @@ def _test_panel(axis, result, named_curves, normal, *, legend=True):
     if config.get("schedule") == "decay":
         axis.axvspan(config["epochs"] * (1 - config["decay_fraction"]), config["epochs"], color="grey", alpha=0.12,
                      linewidth=0, label="learning rate decays")
+    finite = torch.cat([m[torch.isfinite(m)] for m in medians])
+    low = max(FLOOR, 0.5 * float(finite.min())) if finite.numel() else FLOOR
+    bottom = low * 0.8
     for key, values in section5.normalised_baselines(result).items():
         label, style = BASELINES[key]
         value = float(values.median())
-        axis.axhline(max(value, FLOOR), color="grey", linestyle=style, linewidth=1.0,
-                     label=label + (" (exact: 0)" if value < FLOOR else ""))
-    finite = torch.cat([m[torch.isfinite(m)] for m in medians])
-    low = max(FLOOR, 0.5 * float(finite.min())) if finite.numel() else FLOOR
-    axis.set_ylim(low * 0.8, max(2.0, 1.5 * float(finite.max())) if finite.numel() else 2.0)
+        # a baseline far below every curve (the exact log least squares) sits on the bottom edge
+        axis.axhline(max(value, bottom), color="grey", linestyle=style, linewidth=1.0,
+                     label=label + (f" ({value:.0e}: below the axis)" if value < bottom else ""))
+    axis.set_ylim(bottom, max(2.0, 1.5 * float(finite.max())) if finite.numel() else 2.0)
     axis.set(yscale="log", xlabel="epoch (16384 tokens)", ylabel="test MSE / label variance")
-    integer_ticks(axis)
+    integer_ticks(axis, most=None if compact is None else compact)
     axis.grid(True, which="both", alpha=0.3)
     if legend:
         # below the panel: the curves it would hide are the point of the figure
-        axis.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+        axis.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
 
 
 @styled
 def experiment_figure(result, groups, *, title, seed=None, equivalence=True):
     """The equivalence curve (Fig. 3, left), then one test-loss panel per group (normal model dashed
-    in each, baselines as horizontal lines), two a row; ``seed=None`` pools the seeds."""
+    in each, baselines as horizontal lines), two a row; ``seed=None`` pools the seeds. Each panel's
+    legend below it names its variants; the lines every panel shares are named once, at the
+    bottom."""
     count = len(groups) + int(equivalence)
     rows = math.ceil(count / 2)
-    figure, axes = plt.subplots(rows, 2, figsize=(COLUMN, 5.2 * rows), squeeze=False)
+    most = max(len(section5.curves(result, group, seed)) for group in groups)
+    legend_rows = math.ceil(most / 2)
+    height = rows * (3.6 + 0.2 * legend_rows + 0.6) + 1.2
+    figure, axes = plt.subplots(rows, 2, figsize=(COLUMN, height), squeeze=False,
+                                gridspec_kw={"hspace": (0.2 * legend_rows + 0.9) / 3.6})
     axes = list(axes.ravel())
     for unused in axes[count:]:
         unused.set_visible(False)
     if equivalence:
         shown = result["equivalence"] if seed is None else {section5.seed_key(seed): result["equivalence"][section5.seed_key(seed)]}
         sgd_error_panel(axes.pop(0), {f"seed {s}": curve["squared_error"] for s, curve in shown.items()},
-                        title="equivalence (Theorem 3.1)", ylabel="$\\|f(x) - h'\\|^2$", fontsize=7)
+                        title="equivalence (Theorem 3.1)", ylabel="$\\|f(x) - h'\\|^2$", fontsize=8)
     for axis, group in zip(axes, groups):
-        _test_panel(axis, result, section5.curves(result, group, seed), _partner_curves(result, group, seed))
+        named = section5.curves(result, group, seed)
+        _test_panel(axis, result, named, _partner_curves(result, group, seed), legend=False, compact=5)
         axis.set_title(group)
+        handles, labels = axis.get_legend_handles_labels()
+        own = [(h, label) for h, label in zip(handles, labels) if label in named]
+        axis.legend(*zip(*own), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
+                    frameon=False)
+    handles, labels = axes[0].get_legend_handles_labels()
+    common = [(h, label) for h, label in zip(handles, labels) if label not in section5.curves(result, groups[0], seed)]
+    figure.legend(*zip(*common), loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8, frameon=False)
     figure.suptitle(title)
-    figure.tight_layout()
+    figure.subplots_adjust(left=0.1, right=0.97, top=1 - 0.8 / height, bottom=1.2 / height + 0.05)
     return figure
 
 
 @styled
 def seeds_figure(result, groups, seeds, *, title):
-    """Fig. 10: one row per seed, one test-loss panel per group."""
-    figure, axes = plt.subplots(len(seeds), len(groups), figsize=(COLUMN, 2.6 * len(seeds) + 1.8), squeeze=False)
+    """Fig. 10: one row per seed, one test-loss panel per group. Under the figure, each column's
+    variants (their colours are the same on every row), then the lines every panel shares."""
+    names = {group: list(section5.curves(result, group, seeds[0])) for group in groups}
+    shared_rows = 4                                   # normal, the mean, decay, baselines (2 columns)
+    legend_height = 0.19 * (max(len(n) for n in names.values()) + shared_rows) + 0.5
+    height = 2.4 * len(seeds) + 0.6 + legend_height
+    figure, axes = plt.subplots(len(seeds), len(groups), figsize=(COLUMN, height), squeeze=False)
     for row, seed in zip(axes, seeds):
         for axis, group in zip(row, groups):
             _test_panel(axis, result, section5.curves(result, group, seed), _partner_curves(result, group, seed),
-                        legend=seed == seeds[0])
+                        legend=False, compact=4)
             axis.set_title(f"{group}, seed {seed}")
+            if seed != seeds[-1]:
+                axis.set_xlabel("")
+            if group != groups[0]:
+                axis.set_ylabel("")
     figure.suptitle(title)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, legend_height / height, 1, 1 - 0.25 / height))
+    for axis, group in zip(axes[0], groups):
+        handles, labels = axis.get_legend_handles_labels()
+        own = [(h, label) for h, label in zip(handles, labels) if label in names[group]]
+        box = axes[-1][list(groups).index(group)].get_position()
+        figure.legend(*zip(*own), loc="upper center", bbox_to_anchor=(box.x0 + box.width / 2, box.y0 - 0.45 / height),
+                      fontsize=8, frameon=False)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    common = [(h, label) for h, label in zip(handles, labels) if label not in names[groups[0]]]
+    figure.legend(*zip(*common), loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8, frameon=False)
     return figure
 
 
 @styled
-def combinations_figure(results, *, title="Fig. 13: combinations of modifications"):
+def combinations_figure(results, *, title="R&L Fig. 13: combinations of modifications"):
     """One test-loss panel per task: the combinations against the normal model and the baselines."""
     figure, axes = plt.subplots(len(results), 1, figsize=(COLUMN, 4.6 * len(results)), squeeze=False)
     for axis, (task, result) in zip(axes[:, 0], results.items()):
-        _test_panel(axis, result, section5.curves(result, "combination"), _partner_curves(result, "combination"))
+        _test_panel(axis, result, section5.curves(result, "combination"), _partner_curves(result, "combination"),
+                    compact=8)
         axis.set_title(task)
     figure.suptitle(title)
     figure.tight_layout()
@@ -118,25 +153,24 @@ def variants_figure(result, group, names, *, title):
     return figure
 
 
-OFF_SCALE = 3.0   # paired differences beyond this (diverging runs) are drawn at the edge with an arrow
+OFF_SCALE = 3.0   # log ratios beyond this (20 times worse, or diverged) are drawn at the edge with an arrow
 
 
 @styled
 def paired_figure(results, *, title):
-    """Per task, every variant's median paired difference to the normal model (normalised test
-    loss, variant - normal) with its bootstrap 95% interval; each row's no-effect band (a share of
-    the normal model's loss) is shaded. ``results`` maps a task to rows of
-    :func:`icl_lens.studies.section5_claims.variant_rows`."""
+    """Per task, every variant's median paired difference to the normal model (the log ratio of
+    the two normalised test losses at the end, log(variant / normal)) with its bootstrap 95%
+    interval over the deciding seeds; each row's no-effect band (+-log 1.1) is shaded.
+    ``results`` maps a task to rows of :func:`icl_lens.studies.section5_claims.variant_rows`."""
     heights = [max(2.5, 0.24 * len(rows) + 1.0) for rows in results.values()]
     figure, axes = plt.subplots(len(results), 1, figsize=(COLUMN, sum(heights)), squeeze=False,
                                 gridspec_kw={"height_ratios": heights})
     for axis, (task, rows) in zip(axes[:, 0], results.items()):
-        bands = [r["no_effect"] for r in rows if r["no_effect"]]
         for position, row in enumerate(rows):
             median, (low, high), band = row["median_difference"], row["interval"], row["no_effect"] or 0.0
             axis.fill_betweenx([position - 0.4, position + 0.4], -band, band, color="grey", alpha=0.25, linewidth=0)
             if median is None or low is None or high is None:
-                axis.text(OFF_SCALE, position, "diverged", fontsize=7, va="center", ha="right", color="red")
+                axis.text(OFF_SCALE, position, "diverged", fontsize=8, va="center", ha="right", color="red")
                 continue
             no_effect = section5_claims.inside_band(row)
             color = "tab:grey" if no_effect else ("tab:green" if high < 0 else ("tab:red" if low > 0 else "tab:grey"))
@@ -144,21 +178,18 @@ def paired_figure(results, *, title):
             axis.errorbar(shown[1], position, xerr=[[shown[1] - shown[0]], [shown[2] - shown[1]]], fmt="o",
                           color=color, markersize=4, capsize=2)
             if high > OFF_SCALE:
-                axis.annotate("", (OFF_SCALE * 1.6, position), (OFF_SCALE, position),
+                axis.annotate("", (OFF_SCALE * 1.2, position), (OFF_SCALE, position),
                               arrowprops={"arrowstyle": "->", "color": color})
         axis.axvline(0, color="black", linewidth=0.8)
-        axis.set_yticks(range(len(rows)), [r["name"] for r in rows], fontsize=7)
+        axis.set_yticks(range(len(rows)), [r["name"] for r in rows], fontsize=8)
         axis.invert_yaxis()
-        linear_up_to = min(bands) if bands else 1e-3
-        axis.set_xscale("symlog", linthresh=linear_up_to)
-        axis.set_xlim(-1.2, OFF_SCALE * 2)
-        # powers of ten outside the linear part only: inside it their labels would overlap
-        powers = [10.0 ** k for k in range(-6, 1) if 10.0 ** k >= linear_up_to]
-        axis.set_xticks(sorted([0.0, *powers, *(-x for x in powers)]))
-        axis.set(xlabel="variant - normal (test MSE / label variance)", title=task)
+        # a log ratio is already on a log scale: a linear axis, diverging runs drawn at its right edge
+        lows = [r["interval"][0] for r in rows if r["interval"][0] is not None]
+        axis.set_xlim(min([-1.0, *(1.1 * x for x in lows)]), OFF_SCALE * 1.25)
+        axis.set(xlabel="log(variant / normal) of the test MSE at the end", title=task)
         axis.grid(True, axis="x", alpha=0.3)
     figure.suptitle(title)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.35 / sum(heights)))   # room for the title
     return figure
 
 
@@ -187,7 +218,7 @@ def convergence_figure(studies):
         integer_ticks(axis)
         axis.grid(True, which="both", alpha=0.3)
     # the colours are the seeds on every panel: one legend, where the top panel has room
-    axes[0, 0].legend(fontsize=7, loc="lower left", ncol=3)
+    axes[0, 0].legend(fontsize=8, loc="lower left", ncol=3)
     figure.tight_layout()
     return figure
 

@@ -10,15 +10,21 @@ import math
 
 import matplotlib.pyplot as plt
 import torch
+from cycler import cycler
 from matplotlib.ticker import MaxNLocator
 
 COLUMN = 8.0   # inches: the book's text column shows a figure this wide at about 100 px an inch
 # fonts sized for that column: 9 pt on an 8-inch figure reads as about 12 px on the page
-STYLE = {"font.size": 9, "axes.titlesize": 9.5, "axes.labelsize": 9, "legend.fontsize": 7.5,
-         "xtick.labelsize": 8, "ytick.labelsize": 8, "figure.titlesize": 10}
+# the curves' colours: matplotlib's tab10 without its grey, which the baselines use
+CURVES = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
+STYLE = {"font.size": 9, "axes.titlesize": 9.5, "axes.labelsize": 9, "legend.fontsize": 8,
+         "xtick.labelsize": 8, "ytick.labelsize": 8, "figure.titlesize": 10,
+         "axes.prop_cycle": cycler(color=CURVES)}
 DPI = 160   # saved figures: sharp when the browser scales them to the column
 
-FLOOR = 1e-3   # normalised losses below this (an exact in-context fit) are drawn at the floor
+# log axes cannot show 0: a normalised loss below this (an exact fit) is drawn here; the axes
+# otherwise extend to the smallest value shown, so nothing above it is clamped
+FLOOR = 1e-12
 
 
 def styled(draw):
@@ -31,9 +37,11 @@ def styled(draw):
     return build
 
 
-def integer_ticks(axis, which="x"):
-    """Ticks at whole numbers only, for axes that count things (epochs, steps, tokens, layers)."""
-    (axis.xaxis if which == "x" else axis.yaxis).set_major_locator(MaxNLocator(integer=True))
+def integer_ticks(axis, which="x", most=None):
+    """Ticks at whole numbers only, for axes that count things (epochs, steps, tokens, layers);
+    ``most`` caps their number (narrow panels, whose labels would run together)."""
+    locator = MaxNLocator(integer=True) if most is None else MaxNLocator(nbins=most, integer=True)
+    (axis.xaxis if which == "x" else axis.yaxis).set_major_locator(locator)
 
 
 def as_numpy(value):

@@ -59,7 +59,8 @@ def attention_heatmaps_figure(exact, estimate, exact_output, estimate_output, nu
         low, high = min(truth.min(), guess.min()), max(truth.max(), guess.max())
         for axis, matrix, name in zip(row[:2], (truth, guess), ("exact softmax", f"$d_r$ = {num_features}")):
             image = axis.imshow(matrix, vmin=low, vmax=high, cmap=colours)
-            axis.set(title=f"{part}: {name}", xlabel=xlabel, ylabel=ylabel)
+            # the second panel shares the first one's rows: its label would run into the first
+            axis.set(title=f"{part}: {name}", xlabel=xlabel, ylabel=ylabel if axis is row[0] else "")
             integer_ticks(axis, "x")
             integer_ticks(axis, "y")
         figure.colorbar(image, ax=row[:2], shrink=0.85)
@@ -74,7 +75,7 @@ def attention_heatmaps_figure(exact, estimate, exact_output, estimate_output, nu
 
 
 @styled
-def sgd_error_figure(curves, title="Fig. 3 (left): dual model trained one demonstration at a time",
+def sgd_error_figure(curves, title="R&L Fig. 3 (left): dual model trained one demonstration at a time",
                      ylabel="$\\|\\hat y_{test} - h'\\|^2$"):
     """||y_test - h'||^2 against the number of SGD steps, one line per label, log scale.
 
@@ -126,7 +127,7 @@ def rank_bound_figure(result, paper_saturation=None):
     axis.axhline(result["d"], color="k", linestyle="--", linewidth=0.8, label=f"d = {result['d']}")
     if paper_saturation is not None:
         axis.axvline(paper_saturation, color="gray", linestyle=":", label=f"paper (trained): saturated from $d_h$ = {paper_saturation}")
-    axis.set(xlabel="$d_h$ (FFN width)", ylabel="min($d$, active ReLUs)", title="Fig. 14 (right): rank bound of $W_F$")
+    axis.set(xlabel="$d_h$ (FFN width)", ylabel="min($d$, active ReLUs)", title="R&L Fig. 14 (right): rank bound of $W_F$")
     integer_ticks(axis)
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=8)

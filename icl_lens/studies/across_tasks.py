@@ -289,9 +289,10 @@ def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1):
 
 
 def setting_converged(entry, tolerance=0.01):
-    """A setting has converged when the median over seeds of each run's improvement from doubling
-    its training (:func:`converged`, normalised) is below ``tolerance``."""
-    criterion = verdicts.converged([r["convergence"]["improvement"] for r in entry["runs"]], tolerance)
+    """A setting has converged when the median over seeds of the size of each run's move from
+    doubling its training (:func:`converged`, normalised; two-sided) is below ``tolerance``."""
+    criterion = verdicts.converged([r["convergence"]["improvement"] for r in entry["runs"]], tolerance,
+                                   two_sided=True)
     return {"median_improvement": criterion["median_improvement"], "tolerance": tolerance,
             "converged": criterion["converged"]}
 

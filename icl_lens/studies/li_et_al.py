@@ -34,12 +34,13 @@ from icl_lens import verdicts
 from icl_lens.device import pick
 from icl_lens.training.loop import run_jobs
 from icl_lens.training.prompt_layer import (PromptLayerConfig, converged, prompt_tokens, test_and_tuning_prompts,
-                                            train_layer)
+                                            reported_value, train_layer)
 from icl_lens.training.prompt_layer import summary as prompt_layer_summary
 from icl_lens.validation import check_positive_float, check_positive_int
 
 MATCH = 0.05          # |trained / GD* - 1| within this: the layer matches one GD step at lr*
 ALIGNED = 0.95        # Model Cos at least this: the layer's sensitivities point where GD*'s do
+COSINE_BAND = 0.01    # a change of Model Cos smaller than this is no change
 
 LEARNING_RATES = tuple(10 ** (k / 8) for k in range(-24, 25))   # 1e-3 ... 1e3, for GD*'s grid
 
@@ -265,17 +266,49 @@ def summary(runs):
     return prompt_layer_summary(runs, [r["label_variance"] for r in runs])
 
 
-def closeness_verdict(summary_of_layer):
+def log_loss_ratios(runs):
+    """Per seed, log(trained layer's loss / GD*'s loss) on the seed's test prompts."""
+    return [math.log(reported_value(r, "loss") / r["baselines"]["one GD step (lr*)"]) for r in runs]
+
+
+def loss_ratio_interval(runs):
+    """The bootstrap 95% interval of the median over seeds of :func:`log_loss_ratios`."""
+    return list(verdicts.bootstrap_median_interval(log_loss_ratios(runs)))
+
+
+def closeness_verdict(summary_of_layer, runs=None):
     """Li et al.'s reading, as a rule: the trained layer is *close* to one GD step when its loss is
-    within :data:`MATCH` of GD*'s and Model Cos is at least :data:`ALIGNED`."""
+    within :data:`MATCH` of GD*'s and Model Cos is at least :data:`ALIGNED`.
+
+    With the per-seed ``runs`` each condition is read from the bootstrap interval of its median
+    over seeds, so no verdict turns on a margin smaller than the seeds' spread: the loss matches
+    when the interval of the median log(trained / GD*) lies inside +-log(1 + MATCH) and misses
+    when it lies wholly outside; the layer is aligned when the interval of the median Model Cos
+    lies above ALIGNED and not when it lies below. A condition whose interval straddles its
+    threshold makes the verdict inconclusive."""
     ratio = summary_of_layer["trained layer"] / summary_of_layer["one GD step (lr*)"]
-    near = verdicts.matches(ratio, MATCH)
-    aligned = summary_of_layer["model_cos"] >= ALIGNED
+    if runs is None:
+        near, aligned = verdicts.matches(ratio, MATCH), summary_of_layer["model_cos"] >= ALIGNED
+    else:
+        matched = verdicts.comparable(loss_ratio_interval(runs), math.log(1 + MATCH))
+        low, high = verdicts.bootstrap_median_interval([reported_value(r, "model_cos") for r in runs])
+        near = {"agrees": True, "disagrees": False}.get(matched)
+        aligned = True if low >= ALIGNED else False if high < ALIGNED else None
+        if near is None or aligned is None:
+            unsettled = [name for name, flag in (("the loss ratio", near), ("Model Cos", aligned)) if flag is None]
+            return f"inconclusive: the seeds' interval of {' and of '.join(unsettled)} straddles its threshold"
     if near and aligned:
         return "agrees"
     if not near and not aligned:
         return "disagrees"
     return "partly: " + ("as accurate, not aligned" if near else f"aligned, but {ratio:.2f} x GD*'s loss")
+
+
+def model_cos_rise(runs):
+    """Per seed, Model Cos at the last checkpoint minus at the first; their median, its bootstrap
+    interval and the seeds up / down by more than :data:`COSINE_BAND`."""
+    rises = [r["model_cos"][-1] - r["model_cos"][0] for r in runs]
+    return {"rises": rises, **verdicts.paired_comparison(rises, [COSINE_BAND] * len(rises), lower_is_better=False)}
 
 
 def claims(record):
@@ -290,7 +323,19 @@ def claims(record):
                       "where": "Li et al., NeurIPS version, experiments", "setting": f"n = {n}, d = {record['study']['d']}",
                       "measured": f"loss {s['trained layer']:.3f} vs GD* {s['one GD step (lr*)']:.3f}; "
                                   f"Model Cos {s['model_cos']:.3f}; Preds Diff {s['preds_diff']:.3f}",
-                      "verdict": closeness_verdict(s)})
+                      "verdict": closeness_verdict(s, layers["softmax"])})
+    for n, layers in in_numeric_order(record["lengths"]).items():
+        rise = model_cos_rise(layers["softmax"])
+        low, high = rise["interval"]
+        found.append({"id": f"li-model-cos-rises-n{n}",
+                      "claim": "the trained layer's Model Cos with one GD step rises over training",
+                      "where": "Li et al., NeurIPS version, Model Cos over steps",
+                      "setting": f"n = {n}, d = {record['study']['d']}",
+                      "measured": f"Model Cos at the last checkpoint minus at the first: median "
+                                  f"{rise['median']:.3f} [{low:.3f}, {high:.3f}], {rise['better']} of "
+                                  f"{len(layers['softmax'])} seeds up by more than {COSINE_BAND}",
+                      "verdict": verdicts.helps(rise["interval"], COSINE_BAND, lower_is_better=False,
+                                                effect=rise["median"])})
     ratios = {d: summary(layers["softmax"]) for d, layers in in_numeric_order(record["dims"]).items()}
     near = all(verdicts.matches(r["trained layer"] / r["one GD step (lr*)"], MATCH) for r in ratios.values())
     unconverged = [d for d, r in ratios.items() if not r["converged"]]

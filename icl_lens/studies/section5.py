@@ -54,6 +54,14 @@ LINEAR_COMBINATIONS = (
 # the test set's (icl_lens.training.data.TEST_SET)
 TEMPERATURE_SET, EQUIVALENCE_SET = 3_000_000, 1_000_000
 OTHER_TASK, SHUFFLE = 4_000_000, 5_000_000      # the context-use measurements' draws
+# the twin of a seed's normal model starts with one weight of W_Q scaled by 1 + 2**-20 (eight
+# float32 ulps): a run that ends elsewhere is chaotic at round-off level
+TWIN_NUDGE = 2.0 ** -20
+# a task draw can show an effect when Nadaraya-Watson (softmax attention on the raw inputs, nothing
+# trained) beats the context mean by this share of the label variance: below it the draw has no
+# local structure an attention layer could learn from its prompt
+SCREEN_MARGIN = 0.05
+SEEDS_THAT_CAN = 5          # seeds are drawn 0, 1, 2, ... until this many pass the screen
 
 
 def regularized_grid(alphas, forms=("proportional", "constant")):
@@ -97,6 +105,7 @@ class TaskRecord(TypedDict):
     equivalence: dict               # seed_key -> equivalence_curve(...)
     trained_normal: dict            # seed_key -> {"W_Q", "W_K", "W_V"} of the seed's normal model
     convergence: dict               # convergence(record)
+    screening: dict                 # seed_key -> screen(...): can the draw show an effect
 
 
 @dataclass(frozen=True)
@@ -110,6 +119,8 @@ class Variant:
 
     @property
     def name(self):
+        if self.group == "twin":
+            return "normal twin"
         return f"normal lr={self.lr:g}" if self.control else self.modification.name
 
 
@@ -140,6 +151,9 @@ class ExperimentConfig:
     schedule: str = "decay"
     decay_fraction: float = 0.2
     shorter_runs: tuple = ()              # further run lengths (epochs) to branch off ("decay" only)
+    # a twin of each seed's normal model, nudged at round-off level (TWIN_NUDGE): where the two end
+    # apart by more than a verdict's band, that seed's runs are chaotic and it cannot decide one
+    twins: bool = True
     # quick mode (CI): two seeds, 4 short epochs; ``quick_tokens_per_epoch`` passes the linear
     # task's early plateau
     quick_tokens_per_epoch: int = 8192
@@ -202,7 +216,8 @@ class ExperimentConfig:
         listed += [Variant("negative", Modification(negative_k=k, beta=b), self.lr_other) for k, b in self.negatives]
         listed += [Variant("combination", m, self.lr_other) for m in self.combinations]
         rates = dict.fromkeys([self.lr_normal] + [v.lr for v in listed])
-        return [Variant("normal", Modification(), lr, lr != self.lr_normal) for lr in rates] + listed
+        twins = [Variant("twin", Modification(), self.lr_normal)] if self.twins else []
+        return [Variant("normal", Modification(), lr, lr != self.lr_normal) for lr in rates] + listed + twins
 
     def quick(self):
         """Small sizes for tests and CI: the first two seeds, 4 epochs of ``quick_tokens_per_epoch``
@@ -211,23 +226,58 @@ class ExperimentConfig:
                        seeds=self.seeds[:2], checkpoints=4)
 
 
+def screen(task, seed):
+    """Can the task draw of ``seed`` show an effect? Decided before training, on the 256 sequences
+    that choose Nadaraya-Watson's temperature (not the test set): the normalised losses of the
+    context mean and of Nadaraya-Watson, and ``passes``, whether the latter gains at least
+    :data:`SCREEN_MARGIN` of the label variance."""
+    weight = task_data(task, [seed]).weights[seed]
+    tokens, targets = sample_sequences(task, 256, weight, generator=make_generator(TEMPERATURE_SET + seed))
+    x_context, y_context, x_query = prompts(task, tokens)
+    y = targets[:, 0]
+    temperature = baselines.best_temperature(x_context, y_context, x_query, y, NADARAYA_WATSON_TEMPERATURES)
+    variance = float(y.var(unbiased=False))
+
+    def normalised(prediction):
+        return float(((prediction - y) ** 2).mean()) / variance
+
+    context_mean = normalised(baselines.context_mean(x_context, y_context, x_query))
+    nadaraya_watson = normalised(baselines.nadaraya_watson(x_context, y_context, x_query, temperature))
+    return {"context_mean": context_mean, "nadaraya_watson": nadaraya_watson,
+            "gain": context_mean - nadaraya_watson, "passes": context_mean - nadaraya_watson >= SCREEN_MARGIN}
+
+
+def screened_seeds(task, count=SEEDS_THAT_CAN, limit=100):
+    """Seeds 0, 1, 2, ... up to the ``count``-th that passes :func:`screen`: every drawn seed is
+    trained, those that fail are reported apart from the verdicts."""
+    drawn, passing = [], 0
+    for seed in range(limit):
+        drawn.append(seed)
+        passing += screen(task, seed)["passes"]
+        if passing == count:
+            return tuple(drawn)
+    raise ValueError(f"only {passing} of the first {limit} seeds of the {task.kind} task pass the screen")
+
+
 def linear_experiment():
     """Figs. 3 and 10: s = W t, d_t = 11, N + 1 = 16."""
-    return ExperimentConfig()
+    return ExperimentConfig(seeds=screened_seeds(RegressionTask.linear()))
 
 
 def trigonometric_experiment():
     """Fig. 11: s = cos(W t), d_t = 7, N + 1 = 128, lr 0.005; the two-layer g2^+ uses ELU.
 
     A smaller grid than the linear task's (each step costs 8x more): both regularized readings at
-    alpha = +-0.5, g2 and g2^+, k in {3, 5} at beta = 0.1, and two combinations."""
+    alpha = +-0.5, g1, g2, g1 and g2, g2^+, k in {3, 5} at beta = 0.1, and two combinations."""
+    task = RegressionTask.trigonometric()
     return ExperimentConfig(
-        task=RegressionTask.trigonometric(),
+        task=task,
+        seeds=screened_seeds(task),
         epochs=320,
         lr_normal=0.005,
         quick_tokens_per_epoch=2048,
         regularized=regularized_grid((-0.5, 0.5)),
-        augmentations=(("none", "gelu"), ("none", "mlp-elu")),
+        augmentations=(("gelu", "none"), ("none", "gelu"), ("gelu", "gelu"), ("none", "mlp-elu")),
         negatives=((3, 0.1), (5, 0.1)),
         combinations=(Modification(alpha=0.1, key_map="gelu"), Modification(key_map="gelu", negative_k=3, beta=0.1)),
     )
@@ -240,8 +290,10 @@ def exponential_experiment():
     and raw) and the proportional form without renormalisation; alpha = 1/6 (a lost fraction?) in
     both forms."""
     sixth = 1 / 6
+    task = RegressionTask.exponential()
     return ExperimentConfig(
-        task=RegressionTask.exponential(),
+        task=task,
+        seeds=screened_seeds(task),
         epochs=600,
         lr_normal=0.005,
         quick_tokens_per_epoch=2048,
@@ -260,13 +312,19 @@ def temperature_experiment():
     q and k left unscaled (``temperature=False``; the book's layers scale each by d**-1/4, so that
     exp(q . k) is softmax's exp(q . k / sqrt(d)), which the papers' dual-model theorems leave out)."""
     return replace(linear_experiment(), temperature=False, regularized=regularized_grid((-0.5, -0.1)),
-                   augmentations=(("none", "gelu"),), negatives=(), combinations=())
+                   augmentations=(("none", "gelu"),), negatives=(), combinations=(), twins=False)
 
 
 EXPERIMENTS = {"linear": linear_experiment, "trigonometric": trigonometric_experiment, "exponential": exponential_experiment}
 
 
 NADARAYA_WATSON_TEMPERATURES = tuple(float(t) for t in torch.logspace(-2, 2, 17, dtype=torch.float64))
+
+
+def prompts(task, tokens):
+    """Sequences of a task as prompts: the demonstrations' inputs and labels and the query's input."""
+    inputs, labels = tokens[..., : task.input_dim], tokens[..., task.input_dim]
+    return inputs[:, :-1], labels[:, :-1], inputs[:, -1]
 
 
 def baseline_losses(task, weight, tokens, targets, seed):
@@ -277,14 +335,11 @@ def baseline_losses(task, weight, tokens, targets, seed):
     on 256 training sequences), ``least_squares`` (with an intercept, on the prompt), and for the
     exponential task ``log_least_squares`` (least squares on log s, exact there since log s = W t).
     """
-    def prompts(x):
-        inputs, labels = x[..., : task.input_dim], x[..., task.input_dim]
-        return inputs[:, :-1], labels[:, :-1], inputs[:, -1]
-
     y = targets[:, 0]
     chosen_from, chosen_targets = sample_sequences(task, 256, weight, generator=make_generator(TEMPERATURE_SET + seed))
-    temperature = baselines.best_temperature(*prompts(chosen_from), chosen_targets[:, 0], NADARAYA_WATSON_TEMPERATURES)
-    x_context, y_context, x_query = prompts(tokens)
+    temperature = baselines.best_temperature(*prompts(task, chosen_from), chosen_targets[:, 0],
+                                             NADARAYA_WATSON_TEMPERATURES)
+    x_context, y_context, x_query = prompts(task, tokens)
 
     def mse(prediction):
         return float(((prediction - y) ** 2).mean())
@@ -334,6 +389,10 @@ def train_seeds(config, variants, seeds, compile=False, progress=True, position=
     ensemble = AttentionEnsemble(
         config.layer, [v.modification for v, _ in models], [s for _, s in models], dtype=dtype, device=device
     )
+    with torch.no_grad():
+        for m, (variant, _) in enumerate(models):
+            if variant.group == "twin":
+                ensemble.W_Q[m, 0, 0] *= 1 + TWIN_NUDGE
     data = task_data(config.task, seeds)
     tests = test_sets(config.task, data.weights, config.test_sequences)
     test_tokens = torch.stack([tests[s][0] for _, s in models]).to(dtype=dtype, device=device)
@@ -470,6 +529,8 @@ def run_experiment(config, *, device="cpu", progress=True, compile=False, varian
             for i, (variant, seed) in enumerate(models)
         ],
         "baselines": {seed_key(s): baseline_losses(config.task, weights[s], *tests[s], s) for s in config.seeds},
+        # can the seed's task draw show an effect? (decided before training: :func:`screen`)
+        "screening": {seed_key(s): screen(config.task, s) for s in config.seeds},
         "equivalence": {seed: curve for part in parts for seed, curve in part["equivalence"].items()},
         # the trained weights of each seed's normal model (Figs. 6-9 measure trained layers)
         "trained_normal": {seed: w for part in parts for seed, w in part["trained_normal"].items()},
@@ -525,38 +586,53 @@ def normalised_loss(record, model, until=1.0):
     return reported_loss(record, model, until) / record["baselines"][seed_key(model["seed"])]["label_variance"]
 
 
-CONVERGENCE_TOLERANCE = 0.02
+# a doubling of training that moves a seed's loss by less than a tenth, either way, leaves it where
+# it is: the band of the verdicts (:data:`icl_lens.studies.section5_claims.BAND`)
+CONVERGENCE_TOLERANCE = math.log(1.1)
 
 
 def convergence(record, tolerance=CONVERGENCE_TOLERANCE, until=1.0):
-    """The stopping criterion, measured on the normal models: training twice as long (the run of
-    ``until`` x epochs against the run of half that) improves each seed's normalised test loss by
-    some amount; the median of these improvements over seeds must be below ``tolerance`` (2% of
-    the label variance). The median, so that one seed escaping a plateau late does not decide it;
-    the number of seeds that meet it is reported beside.
+    """The stopping criterion, measured on the normal models: per seed, how far training twice as
+    long (the run of ``until`` x epochs against the run of half that) moves the normalised test
+    loss, as log(half / full) (positive: it improved). Two-sided and relative: a seed that gets
+    *worse* by a tenth has not converged either, and a loss of 0.01 that halves has moved as much
+    as one of 0.5 that halves. A seed has converged when the move is within ``tolerance``
+    (log 1.1) either way; the task, when the median over seeds of the moves' sizes is. The
+    median, so that one seed escaping a plateau late does not decide it; the seeds that meet it on
+    their own are counted beside.
 
-    Returns the per-seed numbers, the median improvement and whether the criterion holds, for the
-    normal model at the paper's learning rate (the first normal model of each seed)."""
+    Returns the per-seed numbers, the median move and whether the criterion holds, for the normal
+    model at the paper's learning rate (the first normal model of each seed)."""
     first = {}
     for model in record["models"]:
         if model["group"] == "normal":
             first.setdefault(model["seed"], model)
     half = {s: normalised_loss(record, m, until / 2) for s, m in first.items()}
     full = {s: normalised_loss(record, m, until) for s, m in first.items()}
-    improvements = [half[s] - full[s] if math.isfinite(half[s]) or math.isfinite(full[s]) else math.nan
-                    for s in first]
-    criterion = verdicts.converged(improvements, tolerance)
+    moves = {s: log_ratio(half[s], full[s]) for s in first}
+    criterion = verdicts.converged(list(moves.values()), tolerance, two_sided=True)
     return {
-        "criterion": f"median over seeds of the improvement of the normal model's normalised test loss "
-                     f"from training twice as long is below {tolerance:g}",
+        "criterion": f"median over seeds of |log(half / full)|, how far the normal model's normalised test "
+                     f"loss moves when training twice as long, is below log(1.1) = {tolerance:.3f}",
         "tolerance": tolerance,
         "epochs": run_length(record, until),
         "half": {seed_key(s): finite_or_none(v) for s, v in half.items()},
         "full": {seed_key(s): finite_or_none(v) for s, v in full.items()},
+        "move": {seed_key(s): finite_or_none(v) for s, v in moves.items()},
         "seeds_converged": criterion["seeds_converged"],
-        "median_improvement": finite_or_none(criterion["median_improvement"]),
+        "median_move": finite_or_none(criterion["median_improvement"]),
         "converged": criterion["converged"],
     }
+
+
+def log_ratio(before, after):
+    """log(before / after): how much a loss fell (negative: it rose); inf where only ``after``
+    diverged, -inf where only ``before`` did, nan where both did."""
+    if math.isinf(before) and math.isinf(after):
+        return math.nan
+    if math.isinf(after) or math.isinf(before):
+        return -math.inf if math.isinf(after) else math.inf
+    return math.log(max(before, 1e-300) / max(after, 1e-300))
 
 
 LONG_RUN = 2     # the convergence study trains the normal models this many times the saved run's epochs
@@ -575,9 +651,14 @@ def convergence_study(kind, *, quick=False, epochs=None, device="cpu", workers=2
     normal = [Variant("normal", Modification(), config.lr_normal)]
     record = run_experiment(long, device=device, workers=workers, compile=compile, progress=progress,
                             variants=normal)
-    marks = [length for length in long.run_lengths if length // 2 in long.run_lengths]
-    return {"task": kind, "saved_run_epochs": config.epochs, "record": record,
-            "criterion": [convergence(record, until=length / epochs) for length in marks]}
+    return {"task": kind, "saved_run_epochs": config.epochs, "record": record, "criterion": criteria(record)}
+
+
+def criteria(record):
+    """:func:`convergence` at every run length of a long run whose half-length run it also holds."""
+    epochs = len(record["epochs"])
+    marks = [length for length in record["run_lengths"] if length // 2 in record["run_lengths"]]
+    return [convergence(record, until=length / epochs) for length in marks]
 
 
 def finite_or_none(value):
@@ -635,8 +716,10 @@ def describe_config(config):
         f"- epochs: **{config['epochs']}**, test losses at {config['checkpoints']} checkpoints on "
         f"{config['test_sequences']} fixed test sequences per seed",
         f"- schedule: {schedule}",
-        f"- seeds: {config['seeds']}; a seed fixes the task weight, the data stream, the test set and the "
-        "initial layer, so the variants of one seed start from the same weights and see the same sequences",
+        f"- seeds: {config['seeds']} (the full run draws seeds until {SEEDS_THAT_CAN} pass the screen); a seed "
+        "fixes the task weight, the data stream, the test set and the initial layer, so the variants of one "
+        "seed start from the same weights and see the same sequences"
+        + ("; each seed also trains a round-off twin of its normal model" if config.get("twins") else ""),
         f"- learning rates: {config['lr_normal']:g} (normal, regularized), {config['lr_other']:g} (others); "
         "a normal model is trained at each",
         f"- regularized: {names(config['regularized'])}",

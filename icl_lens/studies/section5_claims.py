@@ -1,23 +1,30 @@
 """Every empirical claim of Section 5 / Appendix E as a row (:data:`CLAIMS`), paired comparisons of
 the trained models and the verdict of each claim, by the rules of :mod:`icl_lens.verdicts`.
 
-Chapters: experiments.
+Chapters: experiments, claims.
 
 Every modified model is compared with the normal model of the same seed and learning rate: they
 share the task weight, the training sequences, the test set and the initial weights, so the
-per-seed difference of their normalised test losses (test loss / the seed's label variance) is a
-paired measurement. Over the seeds we report the median difference, a bootstrap 95% interval of
-that median and the number of seeds better / worse.
+per-seed log ratio of their normalised test losses, log(variant / normal), is a paired
+measurement, and so is the difference of their speeds (mean log losses). Over the seeds that can
+decide we report the median, a bootstrap 95% interval of that median (widened to 1 - 0.05 / k
+where the best of k variants is chosen) and the number of seeds better / worse.
+
+Seeds that cannot decide are reported apart: a task draw that fails the training-free screen
+(:func:`icl_lens.studies.section5.screen`, decided before training), and a seed whose normal
+model's round-off twin (:data:`icl_lens.studies.section5.TWIN_NUDGE`) ends further from it than
+the band, on the claim's own measure: there the result is set by round-off, not by the variant.
 
 Verdict rules (for a claim that a variant *helps*; a claim that it *hurts* is the mirror image):
 
-    disagrees     the whole interval lies inside the no-effect band (a tenth of the normal model's
-                  median loss either side of 0: no effect worth the name), or above 0
-    agrees        otherwise, if the whole interval lies below 0 (better on the median, on every resample)
+    disagrees     the whole interval lies inside the no-effect band (+-log 1.1: a tenth of the
+                  loss either way), or above 0
+    agrees        otherwise, if the whole interval lies below 0 and the median improves by more
+                  than the band
     inconclusive  otherwise
 
 With five seeds the bootstrap interval of the median runs from about the smallest to the largest
-difference, so "agrees" needs every seed better (a sign test would give p = 1/32).
+value, so "agrees" needs every deciding seed better (a sign test would give p = 1/32).
 
 A verdict that changes between half of training and the end is inconclusive (``stable``
 False). Test losses are those at the end of the run, where the learning rate has decayed to 0
@@ -26,28 +33,35 @@ epochs, with its own decay (for a constant-rate record: the last and the second 
 """
 
 import math
+
+import torch
+
 from icl_lens import context_use, verdicts
-from icl_lens.approximation import log_log_slope
-from icl_lens.studies.section5 import finite_or_none, normalised_loss, run_length, seed_key
+from icl_lens.approximation import ApproximationConfig, log_log_slope
+from icl_lens.studies.section5 import finite_or_none, log_ratio, normalised_loss, run_length, seed_key
+from icl_lens.validation import check_positive_int
 from icl_lens.verdicts import RESAMPLES, Claim
 
-# a difference within a tenth of the normal model's loss is no effect: a band in units of the label
-# variance would be as wide as the loss itself where the layers learn the task to ~1% of it
-NO_EFFECT_SHARE = 0.1
-# a speed is a mean log loss, so its band is relative too: a tenth of the loss, log(1.1)
-SPEED_BAND = math.log(1.1)
+# one band for every measure, since each is a log: log(1.1), a tenth of the loss either way (a
+# band in units of the label variance would be as wide as the loss itself where the layers learn
+# the task to ~1% of it)
+BAND = math.log(1.1)
+LEVEL = 0.95        # of the intervals; 1 - (1 - LEVEL) / k where the best of k variants is chosen
 RULES = {
     "final": "test MSE at the end of training (the learning rate decays to 0 over the last fifth of "
              "the steps), divided by the label variance of the seed's test set; paired with the normal "
-             "model of the same seed and learning rate (difference = variant - normal)",
+             "model of the same seed and learning rate as the log ratio log(variant / normal)",
     "speed": "the mean over the checkpoints before the decay of log(test MSE / label variance), the area "
              "under the normalised log test curve (lower is faster); 'late' keeps the last third of those "
              "checkpoints, 'early' reads the epochs before the first checkpoint from the training loss; "
-             "paired as the final result",
-    "interval": f"percentile bootstrap ({RESAMPLES} resamples) 95% interval of the median difference over seeds",
-    "no effect": f"final: a difference within +-{NO_EFFECT_SHARE:g} x the median normalised loss of the model "
-                 f"compared against (per seed: of that seed's); speed: within +-log(1.1) = {SPEED_BAND:.3f}, "
-                 "a tenth of the loss",
+             "paired as the difference variant - normal (a log ratio of geometric means)",
+    "interval": f"percentile bootstrap ({RESAMPLES} resamples) 95% interval of the median over the deciding "
+                "seeds; where the best of k variants is chosen, a 1 - 0.05 / k interval (Bonferroni)",
+    "no effect": f"within +-log(1.1) = {BAND:.3f} on either measure: a tenth of the loss either way",
+    "seeds": "a seed decides unless its task draw fails the screen (before training: Nadaraya-Watson must "
+             "beat the context mean by 5% of the label variance) or its normal model's twin, nudged at "
+             "round-off level, ends more than the band from it on the claim's measure (chaotic); those "
+             "seeds are reported apart",
     "helps": "disagrees if the interval lies inside the no-effect band or above 0; agrees if it lies below 0 "
              "and the median improves by more than the band; else inconclusive",
     "hurts": "the mirror image of helps",
@@ -62,7 +76,8 @@ RULES = {
                            "samples added, against that model: disagrees if the interval lies above 0, agrees "
                            "if its upper end stays within the band",
     "best": "where a claim names several variants, the one with the lowest median difference is used "
-            "(for 'comparable': the one closest to 0), chosen again at half of training",
+            "(for 'comparable': the one closest to 0), chosen again at half of training; its interval is "
+            "widened for the choice",
     "stability": "the verdict is computed at the end and on the same run trained for half the epochs "
                  "(with its own decay); if they differ the claim is inconclusive (except instability "
                  "seen at the end: a divergence is not undone by training longer)",
@@ -117,22 +132,69 @@ def measured(record, model, until, quantity):
     return speed(record, model, until, QUANTITIES[quantity])
 
 
-def paired(record, name, *, until=1.0, against=None, quantity="final"):
+def difference(variant, other, quantity):
+    """The paired difference of one seed: log(variant / other) of normalised final losses, or
+    variant - other of speeds (already logs). nan where ``other`` diverged (left out), inf where only
+    the variant did."""
+    if not math.isfinite(other):
+        return math.nan
+    if quantity == "final":
+        return log_ratio(variant, other)
+    return variant - other
+
+
+def twin_gap(record, seed, until=1.0, quantity="final"):
+    """How far the round-off twin of a seed's normal model ends from it, as :func:`difference`
+    on ``quantity``; None for a record without twins."""
+    twin = next((m for m in record["models"] if m["group"] == "twin" and m["seed"] == seed), None)
+    if twin is None:
+        return None
+    normal = partner(record, twin)
+    gap = difference(measured(record, twin, until, quantity), measured(record, normal, until, quantity), quantity)
+    return gap if math.isfinite(gap) else math.inf
+
+
+def seeds_apart(record, until=1.0, quantity="final"):
+    """{seed: why it cannot decide}: its task draw fails the screen, or its normal model's twin ends
+    more than :data:`BAND` from it on ``quantity`` (chaotic). A record without screening or twins
+    (older runs, the temperature check) leaves every seed in."""
+    apart = {}
+    for seed in sorted({m["seed"] for m in record["models"]}):
+        screened = record.get("screening", {}).get(seed_key(seed))
+        gap = twin_gap(record, seed, until, quantity)
+        if screened is not None and not screened["passes"]:
+            apart[seed] = (f"fails the screen: Nadaraya-Watson gains {screened['gain']:.3f} of the label "
+                           "variance over the context mean")
+        elif gap is not None and abs(gap) > BAND:
+            apart[seed] = f"chaotic: its normal model's round-off twin ends {number(gap, 2)} from it"
+    return apart
+
+
+def paired(record, name, *, until=1.0, against=None, quantity="final", choices=1):
     """Variant ``name`` against its normal partner (or, with ``against``, the model of that name) on
-    every seed: the measure of ``quantity`` (normalised final losses, or speeds), their differences
-    (variant - partner), the median, its bootstrap interval, the no-effect band and the counts of
-    seeds better / worse by more than their own band / diverged."""
+    every seed: the measure of ``quantity`` (normalised final losses, or speeds), their paired
+    differences (:func:`difference`), and over the seeds that can decide (:func:`seeds_apart`) the
+    median, its bootstrap interval (at 1 - 0.05 / ``choices``: the variant is the best of that many),
+    the no-effect band and the counts of seeds better / worse by more than the band / diverged; the
+    seeds set apart with their reasons and differences."""
     if quantity not in QUANTITIES:
         raise ValueError(f"quantity must be one of {list(QUANTITIES)}, got {quantity!r}")
-    rows = []
+    check_positive_int(choices, "choices")
+    apart = seeds_apart(record, until, quantity)
+    rows, set_apart = [], {}
     for seed in sorted({m["seed"] for m in record["models"]}):
         model = find_model(record, name, seed)
         other = find_model(record, against, seed) if against else partner(record, model)
-        rows.append((measured(record, model, until, quantity), measured(record, other, until, quantity)))
+        pair = (measured(record, model, until, quantity), measured(record, other, until, quantity))
+        if seed in apart:
+            set_apart[seed_key(seed)] = {"reason": apart[seed],
+                                         "difference": finite_or_none(difference(*pair, quantity))}
+        else:
+            rows.append(pair)
     variant = [v for v, _ in rows]
-    differences = [v - o if math.isfinite(o) else math.nan for v, o in rows]
-    bands = [NO_EFFECT_SHARE * o for _, o in rows] if quantity == "final" else [SPEED_BAND] * len(rows)
-    compared = verdicts.paired_comparison(differences, bands)
+    differences = [difference(v, o, quantity) for v, o in rows]
+    level = 1 - (1 - LEVEL) / choices
+    compared = verdicts.paired_comparison(differences, [BAND] * len(rows), level=level)
     low, high = compared["interval"]
     return {
         "name": name,
@@ -140,16 +202,17 @@ def paired(record, name, *, until=1.0, against=None, quantity="final"):
         "variant": [finite_or_none(v) for v in variant],
         "partner": [finite_or_none(o) for _, o in rows],
         "difference": [finite_or_none(d) for d in differences],
-        "median_variant": finite_or_none(verdicts.median(variant)),
+        "median_variant": finite_or_none(verdicts.median(variant)) if variant else None,
         "median_difference": finite_or_none(compared["median"]),
         "interval": [finite_or_none(low), finite_or_none(high)],
-        "no_effect": finite_or_none(NO_EFFECT_SHARE * verdicts.median(o for _, o in rows)
-                                    if quantity == "final" else SPEED_BAND),
+        "level": level,
+        "no_effect": BAND,
         "quantity": quantity,
         "better": compared["better"],
         "worse": compared["worse"],
         "diverged": sum(not math.isfinite(v) for v in variant),
         "seeds": len(rows),
+        "seeds_apart": set_apart,
     }
 
 
@@ -266,6 +329,16 @@ CLAIMS = (
                               "alpha < 0 converges slightly faster", "helps", -1, "speed"),
     *claims_for_both_readings("trigonometric-alpha-negative-better", "App. E.2.1, Fig. 11", "trigonometric",
                               "alpha < 0 reaches a better final result", "helps", -1, "final"),
+    Claim("trigonometric-g1-slower", "App. E.2.1, Fig. 11", "trigonometric",
+          "g1 alone (augmented values) significantly degrades convergence speed", "hurts",
+          augmented("gelu", "none"), "speed"),
+    Claim("trigonometric-g1-worse", "App. E.2.1, Fig. 11", "trigonometric",
+          "g1 alone significantly degrades the final result", "hurts", augmented("gelu", "none")),
+    Claim("trigonometric-g1-g2-slower", "App. E.2.1, Fig. 11", "trigonometric",
+          "g1 and g2 together significantly degrade convergence speed", "hurts", augmented("gelu", "gelu"),
+          "speed"),
+    Claim("trigonometric-g1-g2-worse", "App. E.2.1, Fig. 11", "trigonometric",
+          "g1 and g2 together significantly degrade the final result", "hurts", augmented("gelu", "gelu")),
     Claim("trigonometric-g2-comparable", "App. E.2.1, Fig. 11", "trigonometric",
           "g2 alone gives a result comparable with the normal model", "comparable", augmented("none", "gelu")),
     Claim("trigonometric-g2-plus-faster", "App. E.2.1, Fig. 11", "trigonometric",
@@ -298,14 +371,6 @@ CLAIMS = (
           "combinations are worse than the best single modification", "worse-than-single",
           lambda g, m: g == "combination"),
 )
-# what the paper claims that the saved run cannot judge: it trains none of these variants
-NOT_TRAINED = (
-    ("App. E.2.1, Fig. 11", "trigonometric", "g1 alone significantly degrades convergence speed and final results"),
-    ("App. E.2.1, Fig. 11", "trigonometric", "g1 and g2 together significantly degrade convergence speed and final "
-                                             "results"),
-)
-
-
 # the claims the temperature check judges again on layers without the d**-1/4 scale
 TEMPERATURE_CLAIMS = tuple(c for c in CLAIMS if c.id.startswith(("linear-alpha-negative", "linear-g2-faster")))
 
@@ -328,7 +393,8 @@ def temperature_check(with_scale, without_scale):
 
 
 def measure(claim, record, until):
-    """(comparison, verdict) of one claim on one task record at ``until`` of training."""
+    """(comparison, verdict) of one claim on one task record at ``until`` of training. Where the
+    claim names several variants the best is compared, its interval widened for the choice."""
     names = names_where(record, claim.select)
     if not names:
         raise ValueError(f"claim {claim.id}: the {claim.task} record trains none of its variants")
@@ -338,7 +404,8 @@ def measure(claim, record, until):
         # "worse than using regularized or augmented modification individually" (App. E.3)
         single = names_where(record, lambda g, m: g in ("regularized", "augmented"))
         best_single = best_of(record, single, until=until, quantity=quantity)
-        comparison = paired(record, best, until=until, against=best_single, quantity=quantity)
+        comparison = paired(record, best, until=until, against=best_single, quantity=quantity,
+                            choices=len(names) * len(single))
         return comparison, verdict_hurts(comparison)
     if claim.rule == "not-worse-than-more":   # each combination against itself with negatives added
         added = {name: [n for n in names_where(record, lambda g, m: m["negative_k"] > 0)
@@ -349,9 +416,10 @@ def measure(claim, record, until):
                              "with negative samples")
         best = best_of(record, names, until=until, quantity=quantity)
         comparison = paired(record, best, until=until, quantity=quantity,
-                            against=best_of(record, added[best], until=until, quantity=quantity))
+                            against=best_of(record, added[best], until=until, quantity=quantity),
+                            choices=len(names) * len(added[best]))
         return comparison, verdict_not_worse(comparison)
-    comparison = paired(record, best, until=until, quantity=quantity)
+    comparison = paired(record, best, until=until, quantity=quantity, choices=len(names))
     return comparison, SECTION5_RULES[claim.rule](comparison)
 
 
@@ -403,17 +471,73 @@ def random_feature_claim(study):
             "quantity": "final", "stable": True, "verdict": verdict}
 
 
+# an attention error is "low" below a tenth of the mean attention weight, 1 / (number of tokens)
+LOW_LEVEL = 0.1
+PAPER_FEATURES = 1200      # d_r = 100 (d_s + d_t), the paper's choice (App. E.1)
+
+
+def low_level_claim(study, num_tokens=ApproximationConfig().num_tokens):
+    """Figs. 6-8 on trained layers: "both errors reach a low level" at the paper's d_r = 1200,
+    read as an attention MAE below :data:`LOW_LEVEL` / num_tokens. Agrees if the upper quartile
+    over repeats is below it, disagrees if the lower quartile is above, else inconclusive; the
+    random layers' error at the same d_r is reported beside."""
+    trained, random = study["trained layers (linear task)"], study["iid (random layers)"]
+    position = trained["feature_counts"].index(PAPER_FEATURES)
+    threshold = LOW_LEVEL / num_tokens
+    low, high = trained["attention_mae_quartiles"][position]
+    verdict = "agrees" if high < threshold else ("disagrees" if low > threshold else "inconclusive")
+    return {"id": "random-features-low-level", "where": "App. E.1, Figs. 6-8", "task": "linear (trained layers)",
+            "claim": f"the attention error reaches a low level at d_r = {PAPER_FEATURES}", "rule": "below",
+            "measurement": {"median": trained["attention_mae_median"][position], "quartiles": [low, high],
+                            "threshold": threshold, "random_layers": random["attention_mae_median"][position],
+                            "ratio_to_random": trained["attention_mae_median"][position]
+                            / random["attention_mae_median"][position]},
+            "quantity": "final", "stable": True, "verdict": verdict}
+
+
+LARGER = 0.1    # the largest tenth of the exact attention weights
+LESS_ACCURATE = 2.0   # their median absolute error at least this many times the rest's
+
+
+def larger_values_claim(compared):
+    """Fig. 9 on the first seed's trained layer at d_r = 1200: "some larger values are not estimated
+    accurately". The median absolute error of the largest :data:`LARGER` of the exact weights
+    against that of the others: agrees if at least :data:`LESS_ACCURATE` times it, disagrees if
+    no larger, else inconclusive. One layer, one draw of the features."""
+    exact = torch.tensor(compared["attention"], dtype=torch.float64).flatten()
+    error = (torch.tensor(compared["attention_estimate"], dtype=torch.float64).flatten() - exact).abs()
+    order = exact.argsort(descending=True)
+    count = max(1, round(LARGER * len(exact)))
+    top, rest = float(error[order[:count]].median()), float(error[order[count:]].median())
+    ratio = top / rest if rest > 0 else math.inf
+    verdict = "agrees" if ratio >= LESS_ACCURATE else ("disagrees" if ratio <= 1 else "inconclusive")
+    return {"id": "random-features-larger-values", "where": "App. E.1, Fig. 9", "task": "linear (trained layer, seed 0)",
+            "claim": "the larger attention weights are estimated less accurately than the rest", "rule": "ratio",
+            "measurement": {"top_error": top, "rest_error": rest, "ratio": ratio, "threshold": LESS_ACCURATE,
+                            "share": LARGER},
+            "quantity": "final", "stable": True, "verdict": verdict}
+
+
 def rank_claim(rank):
-    """Fig. 14 (right) on trained layers: the mean of min(d, #active ReLUs) reaches d (to within
-    0.5) at every FFN width d_h >= the paper's 2.75 d = 33."""
+    """Fig. 14 (right) on trained layers, counted seed by seed: a seed saturates at a width d_h when
+    its mean of min(d, #active ReLUs) over tokens reaches d - 0.5. Agrees if every seed saturates
+    at every width d_h >= the paper's 2.75 d = 33; disagrees if fewer than half do at some such
+    width; inconclusive between. Whole seeds are counted, so no mean a hair above its threshold
+    decides it."""
     d, threshold = rank["d"], rank["paper_saturation"]
-    wide = [b for h, b in zip(rank["hidden_sizes"], rank["mean_bound"]) if h >= threshold]
-    saturated = [h for h, b in zip(rank["hidden_sizes"], rank["mean_bound"]) if b >= d - 0.5]
+    counts = {h: sum(b >= d - 0.5 for b in bounds) for h, bounds in zip(rank["hidden_sizes"], rank["bound_per_seed"])}
+    seeds = len(rank["seeds"])
+    wide = [counts[h] for h in counts if h >= threshold]
+    fewest = min(wide) if wide else 0
+    verdict = "agrees" if wide and fewest == seeds else ("disagrees" if 2 * fewest < seeds else "inconclusive")
+    every = [h for h in counts if counts[h] == seeds and all(counts[k] == seeds for k in counts if k >= h)]
     return {"id": "rank-saturation", "where": "App. E.4, Fig. 14 (right)", "task": "linear (trained FFN layers)",
             "claim": f"the Rank(W_F) bound saturates at d = {d} once d_h >= {threshold}",
             "rule": "saturates", "measurement": {"hidden_sizes": rank["hidden_sizes"], "mean_bound": rank["mean_bound"],
-                                                 "first_saturated": min(saturated) if saturated else None},
-            "quantity": "final", "stable": True, "verdict": "agrees" if wide and min(wide) >= d - 0.5 else "disagrees"}
+                                                 "seeds_saturated": [counts[h] for h in rank["hidden_sizes"]],
+                                                 "seeds": seeds, "fewest_at_or_above": fewest,
+                                                 "every_seed_from": min(every) if every else None},
+            "quantity": "final", "stable": True, "verdict": verdict}
 
 
 RAISED = 1.5      # a variant's median query weight at least this many times its partner's: "raised"
@@ -465,8 +589,9 @@ def number(value, digits=3):
 
 
 def markdown_rows(rows):
-    """Paired comparisons as a Markdown table (losses divided by the label variance)."""
-    lines = ["| model | median loss | median diff. vs normal | 95% interval | no effect within | "
+    """Paired comparisons as a Markdown table (losses divided by the label variance; the paired
+    difference as the log ratio of the two)."""
+    lines = ["| model | median loss | median log(model / normal) | 95% interval | no effect within | "
              "better / worse / diverged |", "|---|---|---|---|---|---|"]
     for r in rows:
         low, high = r["interval"]
@@ -476,25 +601,37 @@ def markdown_rows(rows):
     return "\n".join(lines)
 
 
+def measured_text(result):
+    """What was measured for one claim, in a line (the verdict table's "our measurement")."""
+    m, rule = result["measurement"], result["rule"]
+    if rule == "exact":
+        return f"worst squared gap {m['worst_relative_squared_gap']:.1e}"
+    if rule == "falls":
+        return f"MSE slope {m['slope']:.2f} in log-log"
+    if rule == "below":
+        return (f"attention MAE {m['median']:.2g} (quartiles {m['quartiles'][0]:.2g} to {m['quartiles'][1]:.2g}) "
+                f"against a low level of {m['threshold']:.2g}; random layers {m['random_layers']:.2g}")
+    if rule == "ratio":
+        return f"largest tenth's median error {m['ratio']:.2g} x the rest's (threshold {m['threshold']:g})"
+    if rule == "saturates":
+        return (f"{m['fewest_at_or_above']} of {m['seeds']} seeds reach d - 0.5 at every d_h from the paper's; "
+                f"every seed from d_h = {m['every_seed_from']}")
+    low, high = m["interval"]
+    apart = f", {len(m['seeds_apart'])} set apart" if m.get("seeds_apart") else ""
+    text = (f"`{m['name']}`: log ratio {number(m['median_difference'], 2)} [{number(low, 2)}, {number(high, 2)}], "
+            f"{m['better']} better / {m['worse']} worse" + (f" / {m['diverged']} diverged" if m["diverged"] else "")
+            + f" of {m['seeds']}{apart}")
+    return text if m["against"].startswith("normal") else text + f" vs `{m['against']}`"
+
+
+PAIRED_RULES = ("helps", "hurts", "comparable", "no gain", "unstable", "worse-than-single", "not-worse-than-more")
+
+
 def markdown_claims(results):
     """The verdicts as a Markdown table."""
     lines = ["| claim | where | task | quantity | our measurement | verdict |", "|---|---|---|---|---|---|"]
     for r in results:
-        m = r["measurement"]
-        if r["rule"] == "exact":
-            measured = f"worst squared gap {m['worst_relative_squared_gap']:.1e}"
-        elif r["rule"] == "falls":
-            measured = f"MSE slope {m['slope']:.2f} in log-log"
-        elif r["rule"] == "saturates":
-            measured = f"bound reaches d - 0.5 from d_h = {m['first_saturated']}"
-        else:
-            low, high = m["interval"]
-            measured = (f"`{m['name']}`: diff. {number(m['median_difference'], 2)} "
-                        f"[{number(low, 2)}, {number(high, 2)}], {m['better']} better / {m['worse']} worse"
-                        + (f" / {m['diverged']} diverged" if m["diverged"] else ""))
-            if not m["against"].startswith("normal"):
-                measured += f" vs `{m['against']}`"
         verdict = r["verdict"] if r["stable"] else f"inconclusive (end: {r['verdict_at_end']}, half: {r['verdict_at_half']})"
-        lines.append(f"| {r['claim']} | {r['where']} | {r['task']} | {r.get('quantity', 'final')} | {measured} | "
-                     f"**{verdict}** |")
+        lines.append(f"| {r['claim']} | {r['where']} | {r['task']} | {r.get('quantity', 'final')} | "
+                     f"{measured_text(r)} | **{verdict}** |")
     return "\n".join(lines)

@@ -201,7 +201,9 @@ def metric_by_seed(record, setting, epochs=None):
 def compare(values, reference):
     """Paired differences ``values - reference`` by seed: median, bootstrap interval, counts
     beyond :data:`NO_EFFECT` (:func:`icl_lens.verdicts.paired_comparison`, higher is better)."""
-    differences = [values[seed] - reference[seed] for seed in sorted(reference)]
+    # accuracies are counts over the validation set: rounding the differences far below that
+    # resolution keeps float round-off (0.51 - 0.50 = 0.010000000000000009) from deciding a verdict
+    differences = [round(values[seed] - reference[seed], 9) for seed in sorted(reference)]
     compared = verdicts.paired_comparison(differences, [NO_EFFECT] * len(differences), lower_is_better=False)
     return {"differences": differences, **compared}
 

@@ -304,11 +304,12 @@ def doubling_improvement(record, label_variance):
 
 
 def converged(record, label_variance, tolerance=0.01):
-    """One run by the convergence criterion of :func:`icl_lens.verdicts.converged`: training twice
-    as long improves its normalised test loss by less than ``tolerance``."""
+    """One run by the convergence criterion of :func:`icl_lens.verdicts.converged`, two-sided:
+    training twice as long moves its normalised test loss by less than ``tolerance`` either way
+    (a run that got worse has not converged either)."""
     improvement = doubling_improvement(record, label_variance)
     return {"improvement": improvement, "tolerance": tolerance,
-            "converged": verdicts.converged([improvement], tolerance)["converged"]}
+            "converged": verdicts.converged([improvement], tolerance, two_sided=True)["converged"]}
 
 
 def summary(runs, label_variances):
@@ -323,8 +324,9 @@ def summary(runs, label_variances):
         if key in runs[0]:
             found[key] = median([reported_value(r, key) for r in runs])
     improvements = [r["convergence"]["improvement"] for r in runs]
-    found["converged seeds"] = sum(r["convergence"]["converged"] for r in runs)
-    found["converged"] = verdicts.converged(improvements, runs[0]["convergence"]["tolerance"])["converged"]
+    criterion = verdicts.converged(improvements, runs[0]["convergence"]["tolerance"], two_sided=True)
+    found["converged seeds"] = criterion["seeds_converged"]
+    found["converged"] = criterion["converged"]
     found["seeds"] = len(runs)
     return found
 
