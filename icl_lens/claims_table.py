@@ -152,22 +152,27 @@ def section5_rows(saved, records, context, temperature=None):
                        margin=tolerance - worst, seeds=sum(len(r["equivalence"]) for r in records.values()),
                        reading=f"worst relative squared gap {worst:.2g} (tolerance {tolerance:g})")
         elif claim["rule"] == "falls":
-            row.update(effect=m["slope"], unit="log-log slope of attention MSE against d_r", band=0.0,
-                       margin=-m["slope"], seeds=None,
-                       reading=f"slope {m['slope']:.2f}; falls at every step: {m['monotone']}")
+            row.update(effect=m["log_fall"], unit="log(attention MSE at the smallest d_r / at the largest)",
+                       band=m["band"], margin=m["log_fall"] - m["band"], seeds=None,
+                       reading=f"log-log slope {m['slope']:.2f}; falls at every step: {m['monotone']}")
         elif claim["rule"] == "below":
-            row.update(effect=m["median"], unit="attention MAE of trained layers at d_r = 1200 (median)",
+            row.update(effect=m["median"], unit=f"attention MAE of trained layers at d_r = {m['features']} (median)",
                        band=m["threshold"], interval=m["quartiles"], seeds=None,
                        margin=m["threshold"] - m["quartiles"][1] if claim["verdict"] == "agrees"
                        else m["quartiles"][0] - m["threshold"] if claim["verdict"] == "disagrees"
                        else -min(m["quartiles"][1] - m["threshold"], m["threshold"] - m["quartiles"][0]),
-                       reading=f"{m['ratio_to_random']:.0f} x the random layers' error at the same d_r")
+                       reading=f"{m['ratio_to_random']:.0f} x the random layers' attention MAE (medians) at the "
+                               "same d_r")
         elif claim["rule"] == "ratio":
             row.update(effect=m["ratio"], unit="median error of the largest tenth of the weights / the rest's",
                        band=m["threshold"], seeds=None,
                        margin=m["ratio"] - m["threshold"] if claim["verdict"] == "agrees" else
                        1 - m["ratio"] if claim["verdict"] == "disagrees" else m["ratio"] - m["threshold"],
                        reading=f"one trained layer (seed 0), d_r = 1200: ratio {m['ratio']:.2f}")
+        elif claim["rule"] == "low rank":
+            row.update(effect=m["fewest_below"], unit="seeds whose bound stays below d - 0.5, fewest over the "
+                       "widths under the paper's", band=None, seeds=m["seeds"], margin=None,
+                       reading=f"seeds below d - 0.5 by width: {m['seeds_below']}")
         elif claim["rule"] == "saturates":
             row.update(effect=m["fewest_at_or_above"], unit="seeds whose bound reaches d - 0.5, fewest over "
                        "the widths from the paper's", band=None, seeds=m["seeds"],
@@ -246,7 +251,7 @@ def li_rows(saved, record):
             n = claim["id"][len("li-model-cos-rises-n"):]
             rise = li_et_al.model_cos_rise(record["lengths"][n]["softmax"])
             row = {"id": claim["id"], "paper": "Li et al.", "where": claim["where"],
-                   "claim": f"{claim['claim']} ({claim['setting']})", "quantity": "final", "rule": "helps",
+                   "claim": f"{claim['claim']} ({claim['setting']})", "quantity": "over training", "rule": "helps",
                    "effect": rise["median"], "unit": "Model Cos, last checkpoint - first",
                    "interval": rise["interval"], "band": li_et_al.COSINE_BAND,
                    "margin": margin("helps", rise["interval"], li_et_al.COSINE_BAND, lower_is_better=False,

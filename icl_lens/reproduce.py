@@ -225,7 +225,7 @@ def section5_verdicts(run):
     verdicts = [section5_claims.equivalence_claim(tasks), *section5_claims.evaluate(tasks),
                 section5_claims.random_feature_claim(study["trained layers (linear task)"]),
                 section5_claims.low_level_claim(study), section5_claims.larger_values_claim(heatmaps_study(run)),
-                section5_claims.rank_claim(rank)]
+                section5_claims.rank_claim(rank), section5_claims.low_rank_claim(rank)]
     return run.save("claims", "claims", {"rules": section5_claims.RULES, "claims": verdicts})
 
 

@@ -167,8 +167,9 @@ class Claim:
     """One empirical claim: its id, where the paper makes it, the task, the claim in our words, the
     rule that judges it and which variants it names (``select`` picks names from a record; with
     several, the best is used), and the quantity it is about: "final" (the result at the end of
-    training) or "speed" (how fast the loss falls; "speed, early" and "speed, late" for the first
-    and last third of the run)."""
+    training) or "speed" (how fast the loss falls; "speed, early" reads the epochs before the first
+    test checkpoint, from the training loss, and "speed, late" the last third of the checkpoints
+    before the decay)."""
 
     id: str
     where: str

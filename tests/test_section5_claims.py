@@ -396,3 +396,20 @@ def test_low_level_and_larger_values_claims_give_each_verdict():
     verdicts_found = [section5_claims.larger_values_claim(compared(*e))["verdict"]
                       for e in ((0.3, 0.01), (0.01, 0.01), (0.015, 0.01))]
     assert verdicts_found == ["agrees", "disagrees", "inconclusive"]
+
+
+def test_low_rank_half_and_the_band_of_the_falling_error():
+    def rank(below_33):
+        return {"d": 12, "paper_saturation": 33, "hidden_sizes": [16, 24, 48], "seeds": [0, 1, 2, 3, 4],
+                "mean_bound": [0.0] * 3, "bound_per_seed": [[6.0] * 5, below_33, [12.0] * 5]}
+
+    found = [section5_claims.low_rank_claim(rank(b))["verdict"]
+             for b in ([9.0] * 5, [9.0, 11.6, 9.0, 9.0, 9.0], [12.0, 12.0, 12.0, 9.0, 9.0])]
+    assert found == ["agrees", "inconclusive", "disagrees"]
+
+    def study(errors):
+        return {"feature_counts": [10, 100, 1000], "attention_mse": errors}
+
+    falls = [section5_claims.random_feature_claim(study(e))["verdict"]
+             for e in ([1.0, 0.5, 0.2], [1.0, 0.99, 0.98], [1.0, 1.2, 0.5])]
+    assert falls == ["agrees", "disagrees", "inconclusive"]

@@ -329,7 +329,8 @@ def claims(record):
         low, high = rise["interval"]
         found.append({"id": f"li-model-cos-rises-n{n}",
                       "claim": "the trained layer's Model Cos with one GD step rises over training",
-                      "where": "Li et al., NeurIPS version, Model Cos over steps",
+                      "where": "Li et al., NeurIPS version, the figure of Model Cos over training steps (no "
+                               "sentence of the text we have)",
                       "setting": f"n = {n}, d = {record['study']['d']}",
                       "measured": f"Model Cos at the last checkpoint minus at the first: median "
                                   f"{rise['median']:.3f} [{low:.3f}, {high:.3f}], {rise['better']} of "

@@ -54,8 +54,8 @@ LINEAR_COMBINATIONS = (
 # the test set's (icl_lens.training.data.TEST_SET)
 TEMPERATURE_SET, EQUIVALENCE_SET = 3_000_000, 1_000_000
 OTHER_TASK, SHUFFLE = 4_000_000, 5_000_000      # the context-use measurements' draws
-# the twin of a seed's normal model starts with one weight of W_Q scaled by 1 + 2**-20 (eight
-# float32 ulps): a run that ends elsewhere is chaotic at round-off level
+# the twin of a seed's normal model starts with one weight of W_Q scaled by 1 + 2**-20 (8 to 16
+# float32 steps of that weight): a run that ends elsewhere is chaotic at round-off level
 TWIN_NUDGE = 2.0 ** -20
 # a task draw can show an effect when Nadaraya-Watson (softmax attention on the raw inputs, nothing
 # trained) beats the context mean by this share of the label variance: below it the draw has no
