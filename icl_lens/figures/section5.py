@@ -138,7 +138,7 @@ def combinations_figure(results, *, title="R&L Fig. 13: combinations of modifica
                     compact=8)
         axis.set_title(task)
     figure.suptitle(title)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.3 / (4.6 * len(results))))   # room for the title
     return figure
 
 
@@ -217,9 +217,12 @@ def convergence_figure(studies):
                  title=f"{kind}: normal model, long run")
         integer_ticks(axis)
         axis.grid(True, which="both", alpha=0.3)
-    # the colours are the seeds on every panel: one legend, where the top panel has room
-    axes[0, 0].legend(fontsize=8, loc="lower left", ncol=3)
-    figure.tight_layout()
+    # the colours are the seeds on every panel: one legend under the figure, from the panel with
+    # the most seeds
+    fullest = max(axes[:, 0], key=lambda a: len(a.get_lines()))
+    handles, labels = fullest.get_legend_handles_labels()
+    figure.tight_layout(rect=(0, 0.7 / (3.0 * len(studies)), 1, 1))
+    figure.legend(handles, labels, loc="lower center", ncol=5, fontsize=8, frameon=False)
     return figure
 
 
@@ -253,6 +256,10 @@ def context_use_figure(record):
         axis.set_visible(False)
     for axis in axes[:, 0]:
         axis.set_ylabel("test MSE / label variance")
-    axes[0, 0].legend(fontsize=7, loc="lower right")
-    figure.tight_layout()
+    # one legend under the figure, from the panel with the most seeds (a seed has its colour in
+    # every panel: the seeds are drawn in the same order)
+    fullest = max((axis for axis in axes.flat[:len(panels)]), key=lambda a: len(a.get_lines()))
+    handles, labels = fullest.get_legend_handles_labels()
+    figure.tight_layout(rect=(0, 0.06, 1, 1))
+    figure.legend(handles, labels, loc="lower center", ncol=min(8, len(labels)), fontsize=8, frameon=False)
     return figure
