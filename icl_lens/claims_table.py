@@ -233,11 +233,10 @@ def li_rows(saved, record):
             runs = record["lengths"][n]["softmax"]
             row = ratio_row(claim, li_et_al.summary(runs), seeds, "closeness_experiment", "Li et al.")
             # the loss condition as the study reads it: the seeds' interval of the log ratio
-            interval, band = li_et_al.loss_ratio_interval(runs), math.log(1 + li_et_al.MATCH)
-            near = verdicts.comparable(interval, band)
-            row.update(effect=verdicts.median(li_et_al.log_loss_ratios(runs)), interval=interval, band=band,
-                       unit="log(trained / GD* loss), median over seeds",
-                       margin=margin("comparable", interval, band, verdict=near))
+            match = li_et_al.loss_match(runs)
+            row.update(effect=verdicts.median(li_et_al.log_loss_ratios(runs)), interval=match["interval"],
+                       band=match["band"], unit="log(trained / GD* loss), median over seeds",
+                       margin=margin("comparable", match["interval"], match["band"], verdict=match["verdict"]))
             row["rule"] = (f"loss within {li_et_al.MATCH:.0%} of GD*'s (the seeds' interval) and Model Cos >= "
                            f"{li_et_al.ALIGNED} (the seeds' interval)")
             row["claim"] += f" ({claim['setting']})"

@@ -120,10 +120,11 @@ class Run:
     def tasks(self, kinds=ALL_TASKS):
         return {kind: self.task(kind) for kind in kinds}
 
-    def shared(self, file, compute, draw):
-        """A study that several outputs use, saved once as ``file`` (read back with ``reuse``)."""
+    def shared(self, file, compute, draw, *, read_back=True):
+        """A study that several outputs use, saved once as ``file`` (read back with ``reuse``, unless
+        ``read_back`` is False: then ``compute`` itself decides what it may reuse)."""
         if file not in self._shared:
-            if self.reuse and (Path(self.out) / f"{file}.json").exists():   # redraw only
+            if read_back and self.reuse and (Path(self.out) / f"{file}.json").exists():   # redraw only
                 record = load_result(self.out, file)
             else:
                 record = compute()
@@ -248,10 +249,7 @@ def context_use_output(run):
                 "tasks": {kind: section5.context_use_by_model(record) for kind, record in run.tasks().items()},
                 "across_tasks": across()}
 
-    if "context_use" not in run._shared:
-        record = compute()
-        run._shared["context_use"] = record
-        run.save("context_use", "context_use", record, section5_figures.context_use_figure(record))
+    run.shared("context_use", compute, section5_figures.context_use_figure, read_back=False)
     return run.written["context_use"]
 
 

@@ -61,6 +61,28 @@ def _test_panel(axis, result, named_curves, normal, *, legend=True, compact=None
         axis.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
 
 
+def _entries(axis, names, *, named=True):
+    """(handles, labels) of the lines of ``axis`` whose label is in ``names`` (with ``named``
+    False: whose label is not)."""
+    return tuple(zip(*[(h, label) for h, label in zip(*axis.get_legend_handles_labels())
+                       if (label in names) == named]))
+
+
+def _shared_legend(figure, axis, names):
+    """Under the figure, once: the lines every test panel has (the normal model, predicting the
+    mean, the decay, the baselines), read off ``axis``, whose own variants are ``names``."""
+    figure.legend(*_entries(axis, names, named=False), loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=2,
+                  fontsize=8, frameon=False)
+
+
+def _seed_legend(figure, axes, columns):
+    """One legend under the figure, in at most ``columns`` columns, from the panel with the most
+    lines: a seed has its colour in every panel, since the seeds are drawn in the same order."""
+    fullest = max(axes, key=lambda axis: len(axis.get_lines()))
+    handles, labels = fullest.get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=min(columns, len(labels)), fontsize=8, frameon=False)
+
+
 @styled
 def experiment_figure(result, groups, *, title, seed=None, equivalence=True):
     """The equivalence curve (Fig. 3, left), then one test-loss panel per group (normal model dashed
@@ -85,13 +107,9 @@ def experiment_figure(result, groups, *, title, seed=None, equivalence=True):
         named = section5.curves(result, group, seed)
         _test_panel(axis, result, named, _partner_curves(result, group, seed), legend=False, compact=5)
         axis.set_title(group)
-        handles, labels = axis.get_legend_handles_labels()
-        own = [(h, label) for h, label in zip(handles, labels) if label in named]
-        axis.legend(*zip(*own), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
+        axis.legend(*_entries(axis, named), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
                     frameon=False)
-    handles, labels = axes[0].get_legend_handles_labels()
-    common = [(h, label) for h, label in zip(handles, labels) if label not in section5.curves(result, groups[0], seed)]
-    figure.legend(*zip(*common), loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8, frameon=False)
+    _shared_legend(figure, axes[0], section5.curves(result, groups[0], seed))
     figure.suptitle(title)
     figure.subplots_adjust(left=0.1, right=0.97, top=1 - 0.8 / height, bottom=1.2 / height + 0.05)
     return figure
@@ -118,14 +136,10 @@ def seeds_figure(result, groups, seeds, *, title):
     figure.suptitle(title)
     figure.tight_layout(rect=(0, legend_height / height, 1, 1 - 0.25 / height))
     for axis, group in zip(axes[0], groups):
-        handles, labels = axis.get_legend_handles_labels()
-        own = [(h, label) for h, label in zip(handles, labels) if label in names[group]]
         box = axes[-1][list(groups).index(group)].get_position()
-        figure.legend(*zip(*own), loc="upper center", bbox_to_anchor=(box.x0 + box.width / 2, box.y0 - 0.45 / height),
-                      fontsize=8, frameon=False)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    common = [(h, label) for h, label in zip(handles, labels) if label not in names[groups[0]]]
-    figure.legend(*zip(*common), loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8, frameon=False)
+        figure.legend(*_entries(axis, names[group]), loc="upper center",
+                      bbox_to_anchor=(box.x0 + box.width / 2, box.y0 - 0.45 / height), fontsize=8, frameon=False)
+    _shared_legend(figure, axes[0][0], names[groups[0]])
     return figure
 
 
@@ -217,12 +231,8 @@ def convergence_figure(studies):
                  title=f"{kind}: normal model, long run")
         integer_ticks(axis)
         axis.grid(True, which="both", alpha=0.3)
-    # the colours are the seeds on every panel: one legend under the figure, from the panel with
-    # the most seeds
-    fullest = max(axes[:, 0], key=lambda a: len(a.get_lines()))
-    handles, labels = fullest.get_legend_handles_labels()
     figure.tight_layout(rect=(0, 0.7 / (3.0 * len(studies)), 1, 1))
-    figure.legend(handles, labels, loc="lower center", ncol=5, fontsize=8, frameon=False)
+    _seed_legend(figure, axes[:, 0], columns=5)
     return figure
 
 
@@ -256,10 +266,6 @@ def context_use_figure(record):
         axis.set_visible(False)
     for axis in axes[:, 0]:
         axis.set_ylabel("test MSE / label variance")
-    # one legend under the figure, from the panel with the most seeds (a seed has its colour in
-    # every panel: the seeds are drawn in the same order)
-    fullest = max((axis for axis in axes.flat[:len(panels)]), key=lambda a: len(a.get_lines()))
-    handles, labels = fullest.get_legend_handles_labels()
     figure.tight_layout(rect=(0, 0.06, 1, 1))
-    figure.legend(handles, labels, loc="lower center", ncol=min(8, len(labels)), fontsize=8, frameon=False)
+    _seed_legend(figure, list(axes.flat[:len(panels)]), columns=8)
     return figure

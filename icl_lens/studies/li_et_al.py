@@ -271,32 +271,30 @@ def log_loss_ratios(runs):
     return [math.log(reported_value(r, "loss") / r["baselines"]["one GD step (lr*)"]) for r in runs]
 
 
-def loss_ratio_interval(runs):
-    """The bootstrap 95% interval of the median over seeds of :func:`log_loss_ratios`."""
-    return list(verdicts.bootstrap_median_interval(log_loss_ratios(runs)))
+def loss_match(runs):
+    """Does the trained layer's loss match GD*'s to within :data:`MATCH`, read from the seeds: the
+    bootstrap 95% interval of the median of :func:`log_loss_ratios`, the band log(1 + MATCH) and
+    the :func:`icl_lens.verdicts.comparable` verdict of the one against the other."""
+    interval, band = list(verdicts.bootstrap_median_interval(log_loss_ratios(runs))), math.log(1 + MATCH)
+    return {"interval": interval, "band": band, "verdict": verdicts.comparable(interval, band)}
 
 
-def closeness_verdict(summary_of_layer, runs=None):
+def closeness_verdict(summary_of_layer, runs):
     """Li et al.'s reading, as a rule: the trained layer is *close* to one GD step when its loss is
     within :data:`MATCH` of GD*'s and Model Cos is at least :data:`ALIGNED`.
 
-    With the per-seed ``runs`` each condition is read from the bootstrap interval of its median
-    over seeds, so no verdict turns on a margin smaller than the seeds' spread: the loss matches
+    Each condition is read from the bootstrap interval of its median over the seeds' ``runs``, so no verdict turns on a margin smaller than the seeds' spread: the loss matches
     when the interval of the median log(trained / GD*) lies inside +-log(1 + MATCH) and misses
     when it lies wholly outside; the layer is aligned when the interval of the median Model Cos
     lies above ALIGNED and not when it lies below. A condition whose interval straddles its
     threshold makes the verdict inconclusive."""
     ratio = summary_of_layer["trained layer"] / summary_of_layer["one GD step (lr*)"]
-    if runs is None:
-        near, aligned = verdicts.matches(ratio, MATCH), summary_of_layer["model_cos"] >= ALIGNED
-    else:
-        matched = verdicts.comparable(loss_ratio_interval(runs), math.log(1 + MATCH))
-        low, high = verdicts.bootstrap_median_interval([reported_value(r, "model_cos") for r in runs])
-        near = {"agrees": True, "disagrees": False}.get(matched)
-        aligned = True if low >= ALIGNED else False if high < ALIGNED else None
-        if near is None or aligned is None:
-            unsettled = [name for name, flag in (("the loss ratio", near), ("Model Cos", aligned)) if flag is None]
-            return f"inconclusive: the seeds' interval of {' and of '.join(unsettled)} straddles its threshold"
+    near = {"agrees": True, "disagrees": False}.get(loss_match(runs)["verdict"])
+    low, high = verdicts.bootstrap_median_interval([reported_value(r, "model_cos") for r in runs])
+    aligned = True if low >= ALIGNED else False if high < ALIGNED else None
+    if near is None or aligned is None:
+        unsettled = [name for name, flag in (("the loss ratio", near), ("Model Cos", aligned)) if flag is None]
+        return f"inconclusive: the seeds' interval of {' and of '.join(unsettled)} straddles its threshold"
     if near and aligned:
         return "agrees"
     if not near and not aligned:

@@ -525,6 +525,20 @@ def larger_values_claim(compared):
             "quantity": "final", "stable": True, "verdict": verdict}
 
 
+def seed_counts(rank, holds, judged):
+    """Fig. 14's claims counted in whole seeds: per width d_h, how many seeds' bounds satisfy
+    ``holds``; over the widths ``judged`` takes, the fewest; the verdict: agrees if every seed
+    holds at every such width, disagrees if fewer than half do at one of them, else inconclusive.
+    Returns (counts by width, seeds, fewest, verdict)."""
+    counts = {h: sum(holds(b) for b in bounds) for h, bounds in zip(rank["hidden_sizes"], rank["bound_per_seed"])}
+    seeds = len(rank["seeds"])
+    judged_counts = [counts[h] for h in counts if judged(h)]
+    fewest = min(judged_counts) if judged_counts else 0
+    verdict = ("agrees" if judged_counts and fewest == seeds else
+               "disagrees" if 2 * fewest < seeds else "inconclusive")
+    return counts, seeds, fewest, verdict
+
+
 def rank_claim(rank):
     """Fig. 14 (right) on trained layers, counted seed by seed: a seed saturates at a width d_h when
     its mean of min(d, #active ReLUs) over tokens reaches d - 0.5. Agrees if every seed saturates
@@ -532,11 +546,7 @@ def rank_claim(rank):
     width; inconclusive between. Whole seeds are counted, so no mean a hair above its threshold
     decides it."""
     d, threshold = rank["d"], rank["paper_saturation"]
-    counts = {h: sum(b >= d - 0.5 for b in bounds) for h, bounds in zip(rank["hidden_sizes"], rank["bound_per_seed"])}
-    seeds = len(rank["seeds"])
-    wide = [counts[h] for h in counts if h >= threshold]
-    fewest = min(wide) if wide else 0
-    verdict = "agrees" if wide and fewest == seeds else ("disagrees" if 2 * fewest < seeds else "inconclusive")
+    counts, seeds, fewest, verdict = seed_counts(rank, lambda b: b >= d - 0.5, lambda h: h >= threshold)
     every = [h for h in counts if counts[h] == seeds and all(counts[k] == seeds for k in counts if k >= h)]
     return {"id": "rank-saturation", "where": "App. E.4, Fig. 14 (right)", "task": "linear (trained FFN layers)",
             "claim": f"the Rank(W_F) bound saturates at d = {d} once d_h >= {threshold}",
@@ -553,11 +563,7 @@ def low_rank_claim(rank):
     d - 0.5. Agrees if every seed stays below at every width d_h < 2.75 d; disagrees if fewer than
     half do at some such width; inconclusive between."""
     d, threshold = rank["d"], rank["paper_saturation"]
-    counts = {h: sum(b < d - 0.5 for b in bounds) for h, bounds in zip(rank["hidden_sizes"], rank["bound_per_seed"])}
-    seeds = len(rank["seeds"])
-    narrow = [counts[h] for h in counts if h < threshold]
-    fewest = min(narrow) if narrow else 0
-    verdict = "agrees" if narrow and fewest == seeds else ("disagrees" if 2 * fewest < seeds else "inconclusive")
+    counts, seeds, fewest, verdict = seed_counts(rank, lambda b: b < d - 0.5, lambda h: h < threshold)
     return {"id": "rank-low-below", "where": "App. E.4, Fig. 14 (right)", "task": "linear (trained FFN layers)",
             "claim": f"below d_h = {threshold} the Rank(W_F) bound stays clearly below d = {d} (low rank)",
             "rule": "low rank", "measurement": {"hidden_sizes": rank["hidden_sizes"], "seeds": seeds,
