@@ -29,6 +29,9 @@ def main(argv=None):
                          help="processes that train the seeds (default 2 in full mode on the CPU, else 1)")
     command.add_argument("--reuse", action="store_true",
                          help="draw from the task_*.json records already in --out instead of training")
+    command.add_argument("--grow", action="store_true",
+                         help="table1: keep the runs of the record in --out and train only those the "
+                              "current study adds (more settings, lengths or seeds)")
     command.add_argument("--out", help="output folder (default results/experiments[-quick])")
     glue = commands.add_parser("glue", help="fine-tune a modified BERT on a GLUE task (Table 1)")
     glue.add_argument("--task", required=True, choices=list(GLUE_TASKS),
@@ -64,7 +67,7 @@ def main(argv=None):
     start = time.perf_counter()
     try:
         written = reproduce(args.figures, out=out, quick=args.quick, device=args.device, seeds=args.seeds,
-                            compile=args.compile, reuse=args.reuse, workers=args.workers)
+                            compile=args.compile, reuse=args.reuse, workers=args.workers, grow=args.grow)
     except ValueError as error:   # bad arguments (an unwritable --out, a missing GPU): a message, no traceback
         parser.error(str(error))
     for name, paths in written.items():

@@ -149,8 +149,9 @@ def section5_rows(saved, records, context, temperature=None):
         elif claim["rule"] == "exact":
             worst, tolerance = m["worst_relative_squared_gap"], m["tolerance"]
             row.update(effect=worst, unit="relative squared gap", band=tolerance,
-                       margin=tolerance - worst, seeds=sum(len(r["equivalence"]) for r in records.values()),
-                       reading=f"worst relative squared gap {worst:.2g} (tolerance {tolerance:g})")
+                       margin=tolerance - worst, seeds=m["layers"],
+                       reading=f"worst relative squared gap {worst:.2g} over {m['layers']} trained layers, one "
+                               f"prompt each (tolerance {tolerance:g}); the seeds column counts layers")
         elif claim["rule"] == "falls":
             row.update(effect=m["log_fall"], unit="log(attention MSE at the smallest d_r / at the largest)",
                        band=m["band"], margin=m["log_fall"] - m["band"], seeds=None,
@@ -184,14 +185,21 @@ def section5_rows(saved, records, context, temperature=None):
 
 def table1_rows(saved, record):
     """Rows of the Table 1 claims (``table1_claims.json``): accuracy differences on the stand-in at
-    the study's epochs. Where the row's verdict is inconclusive only because the two lengths
-    disagree or the longer one was not run, the margin is the shorter length's."""
+    the length that decides (the longer runs where only they have converged, else the study's
+    epochs). Where the row's verdict is inconclusive only because the two lengths disagree or the
+    longer one was not run, the margin is the shorter length's."""
     rows = []
+    summary, study = record["summary"], record["study"]
+    # the length that decides: the first at which the normal model has converged, if any
+    at_longer = not summary["convergence"]["converged"] and \
+        summary.get("convergence_longer", {}).get("converged", False)
     for claim in saved["claims"]:
-        m = claim["measured"]
         definition = next(c for c in table1.CLAIMS if c.id == claim["id"])
         (first, _), (second, _) = (pick(record) for pick in definition.select)
-        values, reference = table1.mean_of(record, first), table1.mean_of(record, second)
+        deciding = at_longer and claim["longer"] is not None
+        m = claim["longer"] if deciding else claim["measured"]
+        epochs = study["longer_epochs"] if deciding else None
+        values, reference = table1.mean_of(record, first, epochs), table1.mean_of(record, second, epochs)
         differences = table1.compare(values, reference)["differences"]
         longer = claim["longer"]["verdict"] if claim["longer"] else "not run"
         row = {"id": claim["id"], "paper": "R&L", "where": claim["where"], "claim": claim["claim"],
@@ -203,8 +211,19 @@ def table1_rows(saved, record):
                "seeds": len(differences), "seeds_apart": None, "seeds_needed": None, "section": "bert",
                "context": None,
                "without_temperature": None,
-               "reading": f"{claim['compared']}: {m['verdict']} after {record['study']['epochs']} "
-                          f"epochs, {longer} after {record['study']['longer_epochs']}"}
+               "reading": f"{claim['compared']}: {claim['measured']['verdict']} after {study['epochs']} "
+                          f"epochs, {longer} after {study['longer_epochs']}"}
+        checks = [summary[key] for key in ("convergence", "convergence_longer") if key in summary]
+        if not any(check["converged"] for check in checks):
+            moves = " and ".join(f"{c['median_move']:.3f} from {c['epochs']} to {c['against_epochs']}"
+                                 for c in checks if "median_move" in c)
+            row["reading"] += (f"; the normal model has converged at no length (median move {moves}, against "
+                               f"{table1.NO_EFFECT}), so the verdict must hold at both") if moves else ""
+        if deciding:
+            check = summary["convergence_longer"]
+            row["reading"] += (f"; decided at {study['longer_epochs']} epochs, where the normal model has "
+                               f"converged ({check['against_epochs']} epochs move it by "
+                               f"{check['median_move']:.3f} in the median)")
         if m["verdict"] == "inconclusive":
             row["seeds_needed"] = seeds_needed(differences, m["median"], table1.NO_EFFECT)
         rows.append(row)

@@ -44,6 +44,7 @@ full training record goes to ``task_<kind>.json``. No timings go into the JSON f
 and setting give the same bytes.
 """
 
+import inspect
 import json
 import sys
 import time
@@ -89,9 +90,10 @@ class Run:
     """One call's settings and what its outputs share, each computed (or, with ``reuse``, read from
     ``out``) the first time an output asks for it."""
 
-    def __init__(self, out, *, quick, device, seeds, compile, reuse, workers, log):
+    def __init__(self, out, *, quick, device, seeds, compile, reuse, workers, log, grow=False):
         self.out, self.quick, self.device, self.seeds = out, quick, device, seeds
         self.compile, self.reuse, self.workers, self.log = compile, reuse, workers, log
+        self.grow = grow
         self.written, self._tasks, self._shared = {}, {}, {}
 
     def save(self, key, file, record, figure=None):
@@ -226,7 +228,8 @@ def section5_verdicts(run):
     verdicts = [section5_claims.equivalence_claim(tasks), *section5_claims.evaluate(tasks),
                 section5_claims.random_feature_claim(study["trained layers (linear task)"]),
                 section5_claims.low_level_claim(study), section5_claims.larger_values_claim(heatmaps_study(run)),
-                section5_claims.rank_claim(rank), section5_claims.low_rank_claim(rank)]
+                section5_claims.rank_claim(rank), section5_claims.low_rank_claim(rank),
+                section5_claims.transformer_equivalence_claim(rank)]
     return run.save("claims", "claims", {"rules": section5_claims.RULES, "claims": verdicts})
 
 
@@ -315,20 +318,34 @@ STUDIES = {
 
 def chapter_study(name):
     """The output of a study of its own chapter: ``<file>.json`` and its figure, and the study's
-    claims as ``<file>_claims.json`` (``reuse``: redrawn from the JSON already in ``out``)."""
+    claims as ``<file>_claims.json`` (``reuse``: redrawn from the JSON already in ``out``; ``grow``:
+    the saved record's runs kept and only the runs the current configuration adds trained)."""
     study = STUDIES[name]
 
     def write(run):
-        if run.reuse and (Path(run.out) / f"{study.file}.json").exists():   # redraw only
+        config = study.module.StudyConfig()
+        config = config.quick() if run.quick else config
+        if run.seeds is not None:
+            config = replace(config, seeds=tuple(run.seeds))
+        there = (Path(run.out) / f"{study.file}.json").exists()
+        if run.grow and there:
+            # the saved record lends the runs the study shares with it; only the others train
+            if "previous" not in inspect.signature(study.module.run_study).parameters:
+                raise ValueError(f"--grow: the {name} study cannot reuse a saved record's runs")
+            saved = load_result(run.out, study.file)
+            if not study.module.reusable_runs(config, saved):
+                raise ValueError(f"--grow: {run.out}/{study.file}.json was trained with another model, data or "
+                                 "optimiser, so none of its runs can be reused; train it anew without --grow")
+            start = time.perf_counter()
+            record = study.module.run_study(config, device=run.device, progress=run.log is not None,
+                                            workers=run.workers, previous=saved)
+            run.say(f"{name}: {time.perf_counter() - start:.1f} s")
+        elif run.reuse and there:   # redraw only
             record = load_result(run.out, study.file)
             if hasattr(study.module, "summarise"):   # its summary follows the study's current rules
                 record["summary"] = study.module.summarise(record)
         else:
             start = time.perf_counter()
-            config = study.module.StudyConfig()
-            config = config.quick() if run.quick else config
-            if run.seeds is not None:
-                config = replace(config, seeds=tuple(run.seeds))
             record = study.module.run_study(config, device=run.device, progress=run.log is not None,
                                             workers=run.workers)
             run.say(f"{name}: {time.perf_counter() - start:.1f} s")
@@ -369,14 +386,15 @@ OUTPUTS = ("fig3", "fig6-8", "fig9", "fig10", "fig11", "fig12", "fig13", "fig14"
 
 
 def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None, reuse=False, workers=None,
-              log=sys.stderr):
+              log=sys.stderr, grow=False):
     """Write the named outputs of :data:`OUTPUTS_TABLE` (or ``"all"``: every one that is part of
     it) under ``out``; return {name: paths written}.
 
     ``compile`` trains through ``torch.compile`` (default: in full mode); ``workers`` (default: 2 in
     full mode on the CPU, else 1) trains in that many processes, one thread each, see
     :func:`icl_lens.training.loop.run_jobs`. ``reuse=True`` draws from the records already in
-    ``out`` instead of training again (to restyle figures or recompute verdicts).
+    ``out`` instead of training again (to restyle figures or recompute verdicts); ``grow=True``
+    (Table 1) keeps a saved record's runs and trains only those the current configuration adds.
     """
     names = list(FIGURES) + [n for n in names if n in OUTPUTS_TABLE and n not in FIGURES] \
         if "all" in names else list(dict.fromkeys(names))
@@ -388,7 +406,8 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
     compile = (not quick) if compile is None else compile
     if workers is None:
         workers = 2 if (not quick and device.type == "cpu") else 1
-    run = Run(out, quick=quick, device=device, seeds=seeds, compile=compile, reuse=reuse, workers=workers, log=log)
+    run = Run(out, quick=quick, device=device, seeds=seeds, compile=compile, reuse=reuse, workers=workers, log=log,
+              grow=grow)
     for name in names:
         write, _ = OUTPUTS_TABLE[name]
         run.written[name] = write(run)

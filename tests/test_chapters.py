@@ -62,11 +62,13 @@ def execute(path, working_directory):
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=[path.stem for path in CHAPTERS])
-def test_chapter_executes(path):
+def test_chapter_executes(path, tmp_path_factory, monkeypatch):
     """From the repository root, as Binder or a reader may run it, so that no path depends on the
     working directory. The run from the chapter's folder is the book build's own
     (tests/test_book_build.py executes every chapter there, warnings as errors), so it is not
-    repeated here."""
+    repeated here. The chapter writes its results under a folder of this test session (the
+    kernel inherits ICL_LENS_RESULTS): the book build may run the same chapter at the same time."""
+    monkeypatch.setenv("ICL_LENS_RESULTS", str(tmp_path_factory.getbasetemp() / "results"))
     notebook = execute(path, ROOT)
     errors = [
         output

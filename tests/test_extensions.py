@@ -186,3 +186,18 @@ def test_rank_growth_check_and_token_spread_can_fail():
     distinct = torch.eye(5, dtype=torch.float64)
     collapsed = torch.ones(5, 5, dtype=torch.float64) + 1e-12 * distinct
     assert dual.token_spread(distinct) > 0.5 and dual.token_spread(collapsed) < 1e-9
+
+
+def test_trained_transformer_layers_equal_their_dual_models_at_step_n():
+    """Fig. 14 (left) on layers the rank study trains: each Theorem B.1 dual model reaches its
+    layer's output at step N, and not before (the equivalence curve is measured, not assumed)."""
+    from icl_lens.studies import ffn_rank, section5_claims
+
+    config = ffn_rank.TrainedRankConfig(hidden_sizes=(4, 33), seeds=(0, 1), epochs=1, tokens_per_epoch=512,
+                                        num_prompts=16)
+    rank = ffn_rank.trained_rank_bound(config)
+    assert len(rank["equivalence"]) == 4
+    for curve in rank["equivalence"].values():
+        errors = curve["squared_error"]
+        assert errors[-1] < 1e-24 * max(1.0, errors[0]) and min(errors[:-1]) > 1e-12 * errors[0]
+    assert section5_claims.transformer_equivalence_claim(rank)["verdict"] == "agrees"

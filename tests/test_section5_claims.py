@@ -413,3 +413,12 @@ def test_low_rank_half_and_the_band_of_the_falling_error():
     falls = [section5_claims.random_feature_claim(study(e))["verdict"]
              for e in ([1.0, 0.5, 0.2], [1.0, 0.99, 0.98], [1.0, 1.2, 0.5])]
     assert falls == ["agrees", "disagrees", "inconclusive"]
+
+
+def test_exact_claim_fails_on_a_gap_above_round_off():
+    """The equivalence rule (Figs. 3 and 14, left) agrees only when every curve ends at round-off."""
+    curve = {"squared_error": [4.0, 1.0, 3e-30]}
+    found = section5_claims.exact_claim([curve, curve], id="x", where="w", task="t", claim="c")
+    assert found["verdict"] == "agrees" and found["measurement"]["layers"] == 2
+    wrong = {"squared_error": [4.0, 1.0, 1e-20]}    # a dual model one step short of the layer
+    assert section5_claims.exact_claim([curve, wrong])["verdict"] == "disagrees"

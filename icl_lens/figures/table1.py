@@ -13,7 +13,7 @@ def table1_figure(record, *, title):
     """Table 1 offline: (a) every setting's validation metric, one dot a seed, the median as a bar,
     with the baselines; (b) each setting minus the normal model of its seed, the median and its
     bootstrap 95% interval; (c) the normal model's validation metric after each epoch, trained for
-    the study's epochs and for longer (the convergence check)."""
+    the study's epochs and for longer (the convergence checks)."""
     figure = plt.figure(figsize=(COLUMN, 7.2))
     grid = figure.add_gridspec(2, 2, height_ratios=(1.25, 1))
     top = figure.add_subplot(grid[0, :])
@@ -57,7 +57,8 @@ def table1_figure(record, *, title):
     axis.set(xlabel=f"{metric} - normal model's (same seed)", title="(b) against the normal model")
     axis.legend(loc="lower right")
     axis = figure.add_subplot(grid[1, 1])
-    for epochs, colour in ((study["epochs"], "C1"), (study["longer_epochs"], "C2")):
+    lengths = (study["epochs"], study["longer_epochs"], study.get("check_epochs"))
+    for epochs, colour in zip([e for e in lengths if e], ("C1", "C2", "C4")):
         curves = [[v[metric] for v in run["validation"]] for run in record["runs"]
                   if run["setting"] == "normal" and run["epochs"] == epochs]
         for i, curve in enumerate(curves):

@@ -20,6 +20,7 @@ from icl_lens.attention import kernel_attention
 from icl_lens.device import generator as make_generator
 from icl_lens.device import pick
 from icl_lens.kernels import PositiveRandomFeatures, draw_omega
+from icl_lens.studies import section5
 from icl_lens.training.data import task_data, test_sets
 from icl_lens.training.ensemble import AttentionEnsemble, LayerConfig, Modification, squared_errors
 from icl_lens.training.loop import train
@@ -157,8 +158,9 @@ class AttentionWithFeedForward(torch.nn.Module):
 def trained_rank_bound(config, *, device="cpu", progress=False):
     """Train every (d_h, seed) layer of ``config`` as one batch and measure the rank bound.
 
-    Returns per d_h the mean and std over seeds of min(d, #active ReLUs) at the query, and each
-    model's training loss per epoch and final test loss (predicting the query's label)."""
+    Returns per d_h the mean and std over seeds of min(d, #active ReLUs) at the query, each
+    model's training loss per epoch and final test loss (predicting the query's label), and each
+    model's Fig. 14 (left) curve, ``equivalence`` (see :func:`icl_lens.studies.section5.equivalence_curve`)."""
     device = pick(device)
     task = tasks.RegressionTask.linear()
     d = task.token_dim
@@ -180,9 +182,15 @@ def trained_rank_bound(config, *, device="cpu", progress=False):
         active = (ffn.pre_activation(h) >= 0).sum(-1)
         test = ((ffn(h)[..., -1] - targets[..., 0]) ** 2).mean(-1)
     bound = active.clamp(max=d).double().mean(-1).reshape(len(config.hidden_sizes), len(config.seeds))
+    # Fig. 14 (left) on each trained layer: its Theorem B.1 dual model, trained one demonstration
+    # a step, against the layer's output (the FFN trimmed to the model's own width)
+    equivalence = {f"d_h={hidden} seed={seed}": section5.equivalence_curve(
+        attention, m, data, seed, (ffn.W_1[m, :hidden], ffn.b_1[m, :hidden], ffn.W_2[m, :, :hidden], ffn.b_2[m]))
+        for m, (hidden, seed) in enumerate(models)}
     return {"hidden_sizes": list(config.hidden_sizes), "d": d, "seeds": list(config.seeds),
             "mean_bound": bound.mean(1).tolist(),
             "std_bound": (bound.std(1) if len(config.seeds) > 1 else torch.zeros(len(bound))).tolist(),
             "bound_per_seed": bound.tolist(), "train_loss": history.T.tolist(),
             "test_loss": test.tolist(), "label_variance": [float(tests[s][1].var(unbiased=False)) for _, s in models],
-            "paper_saturation": config.paper_saturation, "epochs": config.epochs, "lr": config.lr}
+            "paper_saturation": config.paper_saturation, "epochs": config.epochs, "lr": config.lr,
+            "equivalence": equivalence}

