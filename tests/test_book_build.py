@@ -4,14 +4,11 @@ import pathlib
 import re
 import shutil
 
-import pytest
 import yaml
 
 from conftest import build_book
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# the tests that read the built book share one pytest-xdist worker, which builds it once
-pytestmark = pytest.mark.xdist_group("book")
 REMOTE = re.compile(r"""(?:src|href)=["'](https?:)?//(?!mybinder\.org|github\.com)[^"']+\.(?:js|css)""")
 
 

@@ -19,8 +19,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--no-first-run", "--disable-sync"]
-# every test here reads the built book: one pytest-xdist worker builds it once for all of them
-pytestmark = pytest.mark.xdist_group("book")
 
 
 @pytest.fixture(scope="module")

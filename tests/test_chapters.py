@@ -67,7 +67,7 @@ def test_chapter_executes(path, tmp_path_factory, monkeypatch):
     working directory. The run from the chapter's folder is the book build's own
     (tests/test_book_build.py executes every chapter there, warnings as errors), so it is not
     repeated here. The chapter writes its results under a folder of this test session (the
-    kernel inherits ICL_LENS_RESULTS): the book build may run the same chapter at the same time."""
+    kernel inherits ICL_LENS_RESULTS), so the repository's results/ is the book build's alone."""
     monkeypatch.setenv("ICL_LENS_RESULTS", str(tmp_path_factory.getbasetemp() / "results"))
     notebook = execute(path, ROOT)
     errors = [

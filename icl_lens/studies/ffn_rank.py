@@ -20,9 +20,8 @@ from icl_lens.attention import kernel_attention
 from icl_lens.device import generator as make_generator
 from icl_lens.device import pick
 from icl_lens.kernels import PositiveRandomFeatures, draw_omega
-from icl_lens.studies import section5
 from icl_lens.training.data import task_data, test_sets
-from icl_lens.training.ensemble import AttentionEnsemble, LayerConfig, Modification, squared_errors
+from icl_lens.training.ensemble import AttentionEnsemble, LayerConfig, Modification, equivalence_curve, squared_errors
 from icl_lens.training.loop import train
 from icl_lens.validation import check_positive_int
 
@@ -160,7 +159,7 @@ def trained_rank_bound(config, *, device="cpu", progress=False):
 
     Returns per d_h the mean and std over seeds of min(d, #active ReLUs) at the query, each
     model's training loss per epoch and final test loss (predicting the query's label), and each
-    model's Fig. 14 (left) curve, ``equivalence`` (see :func:`icl_lens.studies.section5.equivalence_curve`)."""
+    model's Fig. 14 (left) curve, ``equivalence`` (see :func:`icl_lens.training.ensemble.equivalence_curve`)."""
     device = pick(device)
     task = tasks.RegressionTask.linear()
     d = task.token_dim
@@ -184,7 +183,7 @@ def trained_rank_bound(config, *, device="cpu", progress=False):
     bound = active.clamp(max=d).double().mean(-1).reshape(len(config.hidden_sizes), len(config.seeds))
     # Fig. 14 (left) on each trained layer: its Theorem B.1 dual model, trained one demonstration
     # a step, against the layer's output (the FFN trimmed to the model's own width)
-    equivalence = {f"d_h={hidden} seed={seed}": section5.equivalence_curve(
+    equivalence = {f"d_h={hidden} seed={seed}": equivalence_curve(
         attention, m, data, seed, (ffn.W_1[m, :hidden], ffn.b_1[m, :hidden], ffn.W_2[m, :, :hidden], ffn.b_2[m]))
         for m, (hidden, seed) in enumerate(models)}
     return {"hidden_sizes": list(config.hidden_sizes), "d": d, "seeds": list(config.seeds),

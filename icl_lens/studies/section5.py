@@ -29,15 +29,14 @@ from tqdm.auto import tqdm
 
 from icl_lens import baselines, context_use, verdicts
 from icl_lens.approximation import ApproximationConfig, AttentionLayer, approximation_error, compare
-from icl_lens.attention import kernel_attention
 from icl_lens.context_use import random_orders
 from icl_lens.device import generator as make_generator
 from icl_lens.device import pick
-from icl_lens.dual import dual_model, transformer_layer_dual
 from icl_lens.kernels import PositiveRandomFeatures, draw_omega
 from icl_lens.tasks import RegressionTask, sample_sequences, sample_task_weight, task_labels
 from icl_lens.training.data import task_data, test_sets
-from icl_lens.training.ensemble import AttentionEnsemble, LayerConfig, Modification, squared_errors, test_loss
+from icl_lens.training.ensemble import (AttentionEnsemble, LayerConfig, Modification, equivalence_curve,
+                                       squared_errors, test_loss)
 from icl_lens.training.loop import decay_schedule, fork, fork_point, run_jobs, train
 from icl_lens.validation import check_positive_int
 
@@ -52,7 +51,7 @@ LINEAR_COMBINATIONS = (
 )
 # offsets of the generators, apart from the task's (the seed itself), the layer's (10_000 + seed) and
 # the test set's (icl_lens.training.data.TEST_SET)
-TEMPERATURE_SET, EQUIVALENCE_SET = 3_000_000, 1_000_000
+TEMPERATURE_SET = 3_000_000
 OTHER_TASK, SHUFFLE = 4_000_000, 5_000_000      # the context-use measurements' draws
 # the twin of a seed's normal model starts with one weight of W_Q scaled by 1 + 2**-20 (8 to 16
 # float32 steps of that weight): a run that ends elsewhere is chaotic at round-off level
@@ -354,31 +353,6 @@ def baseline_losses(task, weight, tokens, targets, seed):
     if task.kind == "exponential":
         found["log_least_squares"] = mse(torch.exp(baselines.least_squares(x_context, torch.log(y_context), x_query)))
     return found
-
-
-def equivalence_curve(ensemble, model, data, seed, feed_forward=None):
-    """Fig. 3 (left) for a trained model: its dual model trained one demonstration at a time.
-
-    On a fresh sequence of the model's task, in float64, returns the squared distance between the
-    layer's kernel-attention output for the query and the dual prediction after t = 0..N
-    per-demonstration SGD steps (Theorem 3.1 says it is round-off at t = N). With
-    ``feed_forward`` = (W_1, b_1, W_2, b_2), the model's ReLU FFN after the attention, it is Fig. 14
-    (left): the Transformer layer's output against the dual model of Theorem B.1.
-    """
-    weights = {name: getattr(ensemble, name)[model].detach().to(torch.float64).cpu() for name in ("W_Q", "W_K", "W_V")}
-    feature_map = PositiveRandomFeatures(ensemble.omega[model].to(torch.float64).cpu())
-    tokens, _ = sample_sequences(data.task, 1, data.weights[seed], generator=make_generator(EQUIVALENCE_SET + seed))
-    X = tokens[0]
-    attention = kernel_attention(X[-1:], X, weights["W_Q"], weights["W_K"], weights["W_V"], feature_map=feature_map)[0]
-    if feed_forward is None:
-        dual = dual_model(X[:-1], X[-1:], weights["W_Q"], weights["W_K"], weights["W_V"], feature_map)
-    else:
-        W_1, b_1, W_2, b_2 = (part.detach().to(torch.float64).cpu() for part in feed_forward)
-        dual = transformer_layer_dual(X[:-1], X[-1:], weights["W_Q"], weights["W_K"], weights["W_V"],
-                                      W_1, b_1, W_2, b_2, feature_map)
-        attention = torch.relu(attention @ W_1.T + b_1) @ W_2.T + b_2
-    predictions = dual.predict(dual.sgd_trajectory(), dual.test_input)
-    return {"steps": list(range(len(predictions))), "squared_error": ((predictions - attention) ** 2).sum(-1).tolist()}
 
 
 def train_seeds(config, variants, seeds, compile=False, progress=True, position=0, *, device="cpu"):

@@ -33,9 +33,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from icl_lens.attention import kernel_attention
 from icl_lens.device import generator as make_generator
 from icl_lens.device import pick
-from icl_lens.kernels import positive_random_features
+from icl_lens.dual import dual_model, transformer_layer_dual
+from icl_lens.kernels import PositiveRandomFeatures, positive_random_features
+from icl_lens.tasks import sample_sequences
 from icl_lens.validation import as_tensor, check_positive_int
 
 MAP_KINDS = ("none", "gelu", "mlp-gelu", "mlp-elu")
@@ -348,3 +351,32 @@ def test_loss(ensemble, tokens, targets):
             for i in range(0, num_sequences, chunk)
         ]
     return (torch.stack(parts).sum(0) / num_sequences).to(torch.float64)
+
+
+# the fresh sequence a trained model's dual model is checked on (seeded apart from the study's draws)
+EQUIVALENCE_SET = 1_000_000
+
+
+def equivalence_curve(ensemble, model, data, seed, feed_forward=None):
+    """Fig. 3 (left) for a trained model: its dual model trained one demonstration at a time.
+
+    On a fresh sequence of the model's task, in float64, returns the squared distance between the
+    layer's kernel-attention output for the query and the dual prediction after t = 0..N
+    per-demonstration SGD steps (Theorem 3.1 says it is round-off at t = N). With
+    ``feed_forward`` = (W_1, b_1, W_2, b_2), the model's ReLU FFN after the attention, it is Fig. 14
+    (left): the Transformer layer's output against the dual model of Theorem B.1.
+    """
+    weights = {name: getattr(ensemble, name)[model].detach().to(torch.float64).cpu() for name in ("W_Q", "W_K", "W_V")}
+    feature_map = PositiveRandomFeatures(ensemble.omega[model].to(torch.float64).cpu())
+    tokens, _ = sample_sequences(data.task, 1, data.weights[seed], generator=make_generator(EQUIVALENCE_SET + seed))
+    X = tokens[0]
+    attention = kernel_attention(X[-1:], X, weights["W_Q"], weights["W_K"], weights["W_V"], feature_map=feature_map)[0]
+    if feed_forward is None:
+        dual = dual_model(X[:-1], X[-1:], weights["W_Q"], weights["W_K"], weights["W_V"], feature_map)
+    else:
+        W_1, b_1, W_2, b_2 = (part.detach().to(torch.float64).cpu() for part in feed_forward)
+        dual = transformer_layer_dual(X[:-1], X[-1:], weights["W_Q"], weights["W_K"], weights["W_V"],
+                                      W_1, b_1, W_2, b_2, feature_map)
+        attention = torch.relu(attention @ W_1.T + b_1) @ W_2.T + b_2
+    predictions = dual.predict(dual.sgd_trajectory(), dual.test_input)
+    return {"steps": list(range(len(predictions))), "squared_error": ((predictions - attention) ** 2).sum(-1).tolist()}
