@@ -190,9 +190,7 @@ def table1_rows(saved, record):
     longer one was not run, the margin is the shorter length's."""
     rows = []
     summary, study = record["summary"], record["study"]
-    # the length that decides: the first at which the normal model has converged, if any
-    at_longer = not summary["convergence"]["converged"] and \
-        summary.get("convergence_longer", {}).get("converged", False)
+    at_longer = table1.deciding_length(record) == "longer"
     for claim in saved["claims"]:
         definition = next(c for c in table1.CLAIMS if c.id == claim["id"])
         (first, _), (second, _) = (pick(record) for pick in definition.select)

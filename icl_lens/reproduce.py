@@ -44,7 +44,6 @@ full training record goes to ``task_<kind>.json``. No timings go into the JSON f
 and setting give the same bytes.
 """
 
-import inspect
 import json
 import sys
 import time
@@ -328,26 +327,23 @@ def chapter_study(name):
         if run.seeds is not None:
             config = replace(config, seeds=tuple(run.seeds))
         there = (Path(run.out) / f"{study.file}.json").exists()
-        if run.grow and there:
-            # the saved record lends the runs the study shares with it; only the others train
-            if "previous" not in inspect.signature(study.module.run_study).parameters:
-                raise ValueError(f"--grow: the {name} study cannot reuse a saved record's runs")
-            saved = load_result(run.out, study.file)
-            if not study.module.reusable_runs(config, saved):
-                raise ValueError(f"--grow: {run.out}/{study.file}.json was trained with another model, data or "
-                                 "optimiser, so none of its runs can be reused; train it anew without --grow")
-            start = time.perf_counter()
-            record = study.module.run_study(config, device=run.device, progress=run.log is not None,
-                                            workers=run.workers, previous=saved)
-            run.say(f"{name}: {time.perf_counter() - start:.1f} s")
-        elif run.reuse and there:   # redraw only
+        if run.reuse and there and not run.grow:   # redraw only
             record = load_result(run.out, study.file)
             if hasattr(study.module, "summarise"):   # its summary follows the study's current rules
                 record["summary"] = study.module.summarise(record)
         else:
+            lent = {}
+            if run.grow and there:
+                # the saved record lends the runs the study shares with it; only the others train
+                if not hasattr(study.module, "reusable_runs"):
+                    raise ValueError(f"--grow: the {name} study cannot reuse a saved record's runs")
+                lent["previous"] = load_result(run.out, study.file)
+                if not study.module.reusable_runs(config, lent["previous"]):
+                    raise ValueError(f"--grow: {run.out}/{study.file}.json was trained with another model, data "
+                                     "or optimiser, so none of its runs can be reused; train it anew without --grow")
             start = time.perf_counter()
             record = study.module.run_study(config, device=run.device, progress=run.log is not None,
-                                            workers=run.workers)
+                                            workers=run.workers, **lent)
             run.say(f"{name}: {time.perf_counter() - start:.1f} s")
         paths = run.save(name, study.file, record, study.figure(record, title=study_title(name, record)))
         # judged on the record as saved (JSON sorts its keys), as the chapter reads it back
