@@ -3,31 +3,41 @@
     python benchmarks/batched_training.py [--tasks linear trigonometric exponential] [--full]
 
 For each task, one part of one seed's variants (half of them: what each job of a full run's two
-worker processes trains) takes a few SGD steps three ways: eager with one thread, eager with every
-thread in one process, and through torch.compile with one thread (what a full run does). Beside them stands a bound built
-from this machine's own measured rates: one exp over the (models, tokens, d_r) random-feature
-exponent and the two (models, tokens, d) x (d, d_r) matrix products of the forward and backward
-pass, each microbenchmarked at the step's shapes, one thread. A ratio near 1 means the step is
-already the unavoidable work; the ratio is the headroom. Last, the per-step time projects the
-training time of a full run (seeds over the worker processes), and with --full the whole
-`reproduce all` is timed. Timings on a shared machine move; ratios measured in one run move less.
+worker processes trains) takes a few SGD steps: eager with one thread, eager with every thread in
+one process, and compiled with one thread (what a full run does: a few steps per torch.compile
+graph, icl_lens.training.loop.compiled_sgd_steps); compiled again from the saved full run's
+trained weights (where a run spends most of its steps), once as training runs, flushing subnormal
+floats to zero, and once keeping them; and compiled beside a second process that trains the
+other part (what the two workers of a full run cost each other). Each is set against a bound
+built from this machine's own measured rates: one exp over the (models, tokens, d_r)
+random-feature exponent and the two (models, tokens, d) x (d, d_r) matrix products of the
+forward and backward pass, each microbenchmarked at the step's shapes, one thread. A ratio near 1
+means the step is already the unavoidable work; the ratio is the headroom. Last, the per-step
+times project the training time of a full run (seeds over the worker processes), and with --full
+the whole `reproduce all` is timed against both projections (it also compiles, measures test
+losses, context use and baselines, and runs the studies of Figs. 6-9 and 14).
+Timings on a shared machine move; ratios measured in one run move less.
 """
 
 import argparse
+import json
+import multiprocessing
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from unittest.mock import patch
 
 import torch
 
+from icl_lens.results import repository_root
 from icl_lens.studies import section5
 from icl_lens.training.data import task_data
 from icl_lens.training.ensemble import AttentionEnsemble, squared_errors
 from icl_lens.training.loop import train
 
-STEPS = {"linear": 200, "trigonometric": 30, "exponential": 6}
+STEPS = {"linear": 200, "trigonometric": 32, "exponential": 8}   # multiples of STEPS_PER_CALL
 WORKERS = 2
 
 
@@ -39,22 +49,74 @@ def timed(function, repeats=1):
     return (time.perf_counter() - start) / repeats
 
 
-def part(config):
-    """The first of the WORKERS parts a full run splits each seed's variants into."""
+def part(config, index=0):
+    """Part ``index`` of the WORKERS parts a full run splits each seed's variants into."""
     variants = config.variants()
-    return variants[: -(-len(variants) // WORKERS)]
+    size = -(-len(variants) // WORKERS)
+    return variants[index * size : (index + 1) * size]
 
 
-def step_time(config, *, threads, compiled=False):
-    """Seconds per SGD step of one part of one seed's variants."""
+def trained_weights(kind):
+    """W_Q, W_K, W_V of seed 0's trained normal model in the saved full run, or None."""
+    path = repository_root() / "book" / "data" / "experiments" / f"task_{kind}.json"
+    if not path.exists():
+        return None
+    return {name: torch.tensor(w) for name, w in json.loads(path.read_text())["trained_normal"]["0"].items()}
+
+
+def training(config, *, threads, compiled, index=0, trained=False):
+    """A function that trains one epoch of STEPS steps of part ``index`` of one seed's variants;
+    with ``trained``, every model starts from the saved run's trained W_Q, W_K, W_V and the
+    learning rate is 0, so that every step is a step of a trained layer."""
     torch.set_num_threads(threads)
-    variants = part(config)
+    variants = part(config, index)
     ensemble = AttentionEnsemble(config.layer, [v.modification for v in variants], [config.seeds[0]] * len(variants))
     data = task_data(config.task, config.seeds[:1])
     lr = torch.tensor([v.lr for v in variants])
-    errors = torch.compile(squared_errors, dynamic=False) if compiled else squared_errors
+    if trained:
+        with torch.no_grad():
+            for name, weight in trained_weights(config.task.kind).items():
+                getattr(ensemble, name).copy_(weight.expand_as(getattr(ensemble, name)))
+        lr = lr * 0
     steps = STEPS[config.task.kind]
-    return timed(lambda: train(ensemble, data, steps=steps, epochs=1, lr=lr, step_errors=errors)) / steps
+    return lambda: train(ensemble, data, steps=steps, epochs=1, lr=lr, step_errors=squared_errors, compile=compiled)
+
+
+def step_time(config, *, threads, compiled=False, trained=False, flush=True):
+    """Seconds per SGD step of one part of one seed's variants; ``flush=False`` keeps the
+    subnormal floats that :func:`icl_lens.training.loop.train` flushes to zero."""
+    run = training(config, threads=threads, compiled=compiled, trained=trained)
+    if flush:
+        return timed(run) / STEPS[config.task.kind]
+    keep = torch.set_flush_denormal
+    with patch("torch.set_flush_denormal", lambda on: keep(False)):
+        return timed(run) / STEPS[config.task.kind]
+
+
+def _other_worker(kind, trained, ready, stop):
+    """The second worker of a full run: trains the other part, compiled, one thread, until told to stop."""
+    run = training(section5.EXPERIMENTS[kind](), threads=1, compiled=True, index=1, trained=trained)
+    run()
+    ready.set()
+    while not stop.is_set():
+        run()
+
+
+def step_time_beside_a_worker(config, *, trained=False):
+    """:func:`step_time` compiled, one thread, while a second process trains the other part as
+    a full run's second worker does: what the two processes cost each other."""
+    context = multiprocessing.get_context("spawn")
+    ready, stop = context.Event(), context.Event()
+    other = context.Process(target=_other_worker, args=(config.task.kind, trained, ready, stop))
+    other.start()
+    try:
+        run = training(config, threads=1, compiled=True, trained=trained)
+        run()
+        ready.wait()
+        return timed(run, repeats=3) / STEPS[config.task.kind]
+    finally:
+        stop.set()
+        other.join()
 
 
 def bound(config):
@@ -77,29 +139,45 @@ def main():
     args = parser.parse_args()
     threads = torch.get_num_threads()
     print(f"torch {torch.__version__}, {threads} threads, {os.cpu_count()} cpus")
-    projected = 0.0
+    projected = beside_projected = 0.0
     for kind in args.tasks:
         config = section5.EXPERIMENTS[kind]()
-        one = step_time(config, threads=1)
-        every = step_time(config, threads=threads)
-        compiled = step_time(config, threads=1, compiled=True)
+        trained = trained_weights(kind) is not None
+        times = {
+            "eager, 1 thread": step_time(config, threads=1),
+            f"eager, {threads} threads": step_time(config, threads=threads),
+            "compiled, 1 thread": step_time(config, threads=1, compiled=True),
+        }
+        if trained:
+            times["compiled, trained weights"] = step_time(config, threads=1, compiled=True, trained=True)
+            times["  the same, subnormals kept"] = step_time(config, threads=1, compiled=True, trained=True,
+                                                           flush=False)
+        last = "compiled, trained weights" if trained else "compiled, 1 thread"
+        times[f"  {last.split(', ')[1]}, beside a second worker"] = beside = step_time_beside_a_worker(
+            config, trained=trained)
         floor = bound(config)
         steps = config.trained_epochs * config.steps_per_epoch   # with the half-length run copied off
         # each seed is split into WORKERS parts, and WORKERS processes train the parts side by side
-        minutes = compiled * steps * len(config.seeds) / 60
+        minutes = times[last] * steps * len(config.seeds) / 60
         projected += minutes
-        print(f"{kind:<14} {len(part(config)):>2} models/part | step: eager 1 thread {one * 1e3:7.2f} ms, "
-              f"eager {threads} threads {every * 1e3:7.2f} ms, compiled 1 thread {compiled * 1e3:7.2f} ms "
-              f"({one / compiled:.1f}x faster than eager) | bound {floor * 1e3:6.2f} ms, compiled / bound "
-              f"{compiled / floor:.1f}x | {config.epochs} epochs x {len(config.seeds)} seeds: {minutes:.1f} min",
-              flush=True)
-    print(f"projected training time of a full run: {projected:.1f} min")
+        beside_projected += beside * steps * len(config.seeds) / 60
+        print(f"{kind}: {len(part(config))} models a part, {config.epochs} epochs x {len(config.seeds)} seeds "
+              f"x {config.steps_per_epoch} steps")
+        for name, seconds in times.items():
+            print(f"  {name:<42} {seconds * 1e3:8.2f} ms  {seconds / floor:5.1f}x the bound")
+        print(f"  {'bound (exp + 2 matrix products)':<42} {floor * 1e3:8.2f} ms | compiled is "
+              f"{times['eager, 1 thread'] / times['compiled, 1 thread']:.1f}x faster than eager; a full run's "
+              f"training: {minutes:.1f} min", flush=True)
+    print(f"projected training time of a full run: {projected:.1f} min from the step alone, "
+          f"{beside_projected:.1f} min from the step beside a second worker")
     if args.full:
         with tempfile.TemporaryDirectory() as out:
             start = time.perf_counter()
             subprocess.run([sys.executable, "-m", "icl_lens", "reproduce", "all", "--out", out], check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        print(f"reproduce all (full mode): {(time.perf_counter() - start) / 60:.1f} min")
+        minutes = (time.perf_counter() - start) / 60
+        print(f"reproduce all (full mode): {minutes:.1f} min, {minutes / projected:.2f}x the projection from the "
+              f"step alone, {minutes / beside_projected:.2f}x the one beside a second worker")
 
 
 if __name__ == "__main__":

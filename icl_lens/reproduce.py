@@ -45,7 +45,10 @@ and setting give the same bytes.
 """
 
 import json
+import os
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -417,7 +420,7 @@ def saved_or_quick(out, *, quick):
     saved = repository_root() / "book" / "data" / "experiments"
     if not quick and all((saved / f"{name}.json").exists() for name in OUTPUTS):
         return "full", saved
-    reproduce(["all"], out=out, quick=True, log=None)
+    quick_reproduction(["all"], out)
     return "quick", out
 
 
@@ -429,8 +432,39 @@ def saved_study_or_quick(name, out, *, quick):
     saved = repository_root() / "book" / "data" / file
     if not quick and (saved / f"{file}.json").exists():
         return "full", load_result(saved, file), saved
-    reproduce([name], out=out, quick=True, log=None)
+    quick_reproduction([name], out)
     return "quick", load_result(out, file), Path(out)
+
+
+# a folder where quick runs are made once and copied from then on (the test suite sets it, so that
+# a chapter run from the repository root and the book build's run of it train once between them)
+QUICK_RUNS = "ICL_LENS_QUICK_RUNS"
+WRITTEN = "written.json"   # beside a kept quick run's files: what reproduce returned, by file name
+
+
+def quick_reproduction(names, out):
+    """``reproduce(names, out=out, quick=True)``, returning what it wrote ({name: {kind: path}});
+    where the environment variable ``ICL_LENS_QUICK_RUNS`` names a folder, the quick run is made
+    there once (under the names, atomically) and its files are copied into ``out`` by every later
+    call, from any process. The variable is meant for one test session of one version of the
+    code: nothing checks that a run kept there is current."""
+    shared = os.environ.get(QUICK_RUNS)
+    if not shared:
+        return reproduce(names, out=out, quick=True, log=None)
+    made = Path(shared) / "+".join(names)
+    if not made.exists():
+        Path(shared).mkdir(parents=True, exist_ok=True)
+        building = Path(tempfile.mkdtemp(dir=shared))
+        written = reproduce(names, out=building, quick=True, log=None)
+        (building / WRITTEN).write_text(json.dumps({name: {kind: path.name for kind, path in paths.items()}
+                                                    for name, paths in written.items()}))
+        try:
+            os.rename(building, made)
+        except OSError:   # made by another process meanwhile: keep theirs
+            shutil.rmtree(building)
+    shutil.copytree(made, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns(WRITTEN))
+    written = json.loads((made / WRITTEN).read_text())
+    return {name: {kind: Path(out) / file for kind, file in paths.items()} for name, paths in written.items()}
 
 
 def saved_claims(name, folder, record):

@@ -1,3 +1,4 @@
+import os
 import pathlib
 import subprocess
 import sys
@@ -6,8 +7,20 @@ import pytest
 import torch
 
 from icl_lens.device import generator
+from icl_lens.reproduce import QUICK_RUNS
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quick_runs_made_once(tmp_path_factory):
+    """The chapters' quick runs (``reproduce all --quick`` and each study's) are made once in this
+    session and copied from then on (icl_lens.reproduce.quick_reproduction): the chapter run from
+    the repository root, the book build's run from the chapter's folder and the tests that check
+    the quick runs' files all read one run, and each still executes every cell it has."""
+    os.environ[QUICK_RUNS] = str(tmp_path_factory.mktemp("quick-runs"))
+    yield
+    del os.environ[QUICK_RUNS]
 
 
 @pytest.fixture

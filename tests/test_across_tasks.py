@@ -193,8 +193,14 @@ def test_bad_arguments_name_themselves():
         across_tasks.PromptDistribution().sample(0)
 
 
-def test_quick_study_runs_end_to_end_and_verdicts_follow():
-    record = across_tasks.run_study(across_tasks.StudyConfig().quick())
+def test_quick_study_runs_end_to_end_and_verdicts_follow(tmp_path):
+    """``reproduce multitask --quick``, the session's one quick run of the study (the chapter's
+    runs copy it, or this test copies theirs: tests/conftest.py)."""
+    from icl_lens.reproduce import quick_reproduction
+
+    written = quick_reproduction(["multitask"], tmp_path)
+    record = json.loads(written["multitask"]["json"].read_text())
+    assert record["study"]["seeds"] == list(across_tasks.StudyConfig().quick().seeds)
     assert set(record["settings"]) >= {"von Oswald (linear attention)", "paper task (paper's SGD)"}
     for entry in record["settings"].values():
         for run in entry["runs"]:

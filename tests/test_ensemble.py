@@ -139,6 +139,32 @@ def test_batched_training_is_independent_sgd():
             assert torch.allclose(parameter[0], getattr(together, name)[i], rtol=0, atol=1e-12), name
 
 
+def test_compiled_steps_train_the_models_the_plain_loop_trains():
+    """compile=True (a few SGD steps per torch.compile graph, the update inside it) against the
+    plain loop, float64, with every switch and the "decay" schedule: 2 epochs of 6 steps, so 3
+    steps a call. The same run at another learning rate moves the weights far beyond the
+    tolerance, so the comparison can fail."""
+    config = section5.ExperimentConfig(epochs=1, tokens_per_epoch=6 * 16, dtype="float64")
+    variants = [Modification(), Modification(alpha=0.2), Modification(value_map="gelu", key_map="mlp-gelu"),
+                Modification(negative_k=3, beta=0.1)]
+    lr = torch.tensor([0.003, 0.003, 0.005, 0.005], dtype=torch.float64)
+    schedule = loop.decay_schedule(12, 0.5)
+
+    def trained(rates, compile):
+        ensemble = AttentionEnsemble(config.layer, variants, [0, 1, 0, 1], dtype=torch.float64)
+        history = loop.train(ensemble, task_data(config.task, [0, 1]), steps=6, epochs=2, lr=rates,
+                             step_errors=squared_errors, schedule=schedule, compile=compile)
+        return history, dict(ensemble.named_parameters())
+
+    plain_history, plain = trained(lr, False)
+    compiled_history, compiled = trained(lr, True)
+    assert torch.allclose(compiled_history, plain_history, rtol=1e-12, atol=0)
+    gaps = {name: float((compiled[name] - p).abs().max()) for name, p in plain.items()}
+    assert max(gaps.values()) < 1e-12, gaps
+    _, other = trained(2 * lr, False)
+    assert max(float((other[name] - p).abs().max()) for name, p in plain.items()) > 1e-6
+
+
 def test_a_diverging_model_leaves_the_others_alone():
     config = section5.ExperimentConfig(epochs=2, tokens_per_epoch=20 * 16)
     ensemble = AttentionEnsemble(config.layer, [Modification(), Modification()], [0, 0])

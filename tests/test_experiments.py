@@ -11,7 +11,7 @@ import pytest
 
 from icl_lens import verdicts
 from icl_lens.studies import section5, section5_claims
-from icl_lens.reproduce import FIGURES, OUTPUTS, experiment_config, reproduce
+from icl_lens.reproduce import FIGURES, OUTPUTS, experiment_config, quick_reproduction, reproduce
 from icl_lens.results import save_result
 
 from conftest import ROOT
@@ -22,7 +22,9 @@ KINDS = ("linear", "trigonometric", "exponential")
 @pytest.fixture(scope="module")
 def quick_all(tmp_path_factory):
     out = tmp_path_factory.mktemp("reproduce")
-    return out, reproduce(["all"], out=out, quick=True, log=None)
+    # the session's quick run (conftest: made once, by whichever of the book build, the chapter
+    # run or this fixture comes first, and copied here)
+    return out, quick_reproduction(["all"], out)
 
 
 def test_every_figure_is_written(quick_all):
@@ -200,3 +202,30 @@ def test_context_use_and_temperature_check_are_written(quick_all):
         for form in ("proportional", "constant")} | {"linear-g2-faster"}
     for claim in temperature["claims"]:
         assert claim["changes"] == (claim["with"]["verdict"] != claim["without"]["verdict"])
+
+
+def test_a_quick_run_is_made_once_per_folder_and_copied_after(tmp_path, monkeypatch):
+    """With ICL_LENS_QUICK_RUNS set, the first call trains and every later one copies; without
+    it, every call trains."""
+    from icl_lens import reproduce as module
+
+    made = []
+
+    def fake(names, *, out, quick, log):
+        assert quick
+        made.append(list(names))
+        (out / "task_linear.json").write_text(json.dumps({"run": len(made)}))
+        return {"task_linear": {"json": out / "task_linear.json"}}
+
+    monkeypatch.setattr(module, "reproduce", fake)
+    monkeypatch.setenv(module.QUICK_RUNS, str(tmp_path / "shared"))
+    for reader in ("root", "book"):
+        (tmp_path / reader).mkdir()
+        written = module.quick_reproduction(["all"], tmp_path / reader)
+        assert written == {"task_linear": {"json": tmp_path / reader / "task_linear.json"}}
+        assert json.loads(written["task_linear"]["json"].read_text()) == {"run": 1}
+        assert sorted(p.name for p in (tmp_path / reader).iterdir()) == ["task_linear.json"]
+    assert made == [["all"]]
+    monkeypatch.delenv(module.QUICK_RUNS)
+    module.quick_reproduction(["all"], tmp_path / "root")
+    assert made == [["all"], ["all"]]

@@ -259,9 +259,9 @@ def test_reproduce_grow_trains_only_what_a_grown_study_lacks(tmp_path):
     ``--reuse`` alone trains nothing, and a record of another optimiser is refused."""
     import json
 
-    from icl_lens.reproduce import reproduce
+    from icl_lens.reproduce import quick_reproduction, reproduce
 
-    reproduce(["table1"], out=tmp_path, quick=True, log=None)
+    quick_reproduction(["table1"], tmp_path)   # the session's quick run (tests/conftest.py)
     path = tmp_path / "table1.json"
     full = json.loads(path.read_text())
     smaller = {**full, "study": {**full["study"], "longer_settings": ["normal"]},

@@ -382,7 +382,6 @@ def train_seeds(config, variants, seeds, compile=False, progress=True, position=
     lr = torch.tensor([v.lr for v, _ in models], dtype=dtype, device=device)
     steps, checkpoints, curves_at, ended = config.steps_per_epoch, config.checkpoint_epochs, [], {}
     shorter = config.run_lengths[:-1]
-    step_errors = torch.compile(squared_errors, dynamic=False) if compile else squared_errors
 
     def schedule(length):
         return decay_schedule(length * steps, config.decay_fraction) if config.schedule == "decay" else None
@@ -396,13 +395,14 @@ def train_seeds(config, variants, seeds, compile=False, progress=True, position=
             if fork_point(length, config.decay_fraction) == epoch:
                 short, short_data, _ = fork(ensemble, data)
                 train(short, short_data, steps=steps, epochs=length, lr=lr, schedule=schedule(length),
-                      first_epoch=epoch, progress=bar, step_errors=step_errors)
+                      first_epoch=epoch, progress=bar, step_errors=squared_errors, compile=compile)
                 ended[length] = test_loss(short, test_tokens, test_targets)
 
     bar = (tqdm(total=config.trained_epochs * steps, unit="step", position=position, mininterval=2,
                 desc=f"{config.task.kind} seeds {list(seeds)} ({len(models)} models)") if progress else None)
     history = train(ensemble, data, steps=steps, epochs=config.epochs, lr=lr, schedule=schedule(config.epochs),
-                    before_epoch=branch, progress=bar, step_errors=step_errors, after_epoch=measure)
+                    before_epoch=branch, progress=bar, step_errors=squared_errors, after_epoch=measure,
+                    compile=compile)
     if bar is not None:
         bar.close()
     tested = torch.stack(curves_at)

@@ -67,8 +67,57 @@ def fork(model, stream, optimizer=None):
     return copy.deepcopy(model), copy_stream(stream), state
 
 
+class _Errors(torch.nn.Module):
+    """``step_errors(model, tokens, targets)`` as a module, so that :func:`torch.func.functional_call`
+    can run it on parameters given as tensors."""
+
+    def __init__(self, model, step_errors):
+        super().__init__()
+        self.model, self.step_errors = model, step_errors
+
+    def forward(self, tokens, targets):
+        return self.step_errors(self.model, tokens, targets)
+
+
+# SGD steps per compiled call: the steps are sequential, so a call pays the per-call overhead
+# (guards, wrapper) once for this many; more steps lengthen compilation (seconds per step)
+STEPS_PER_CALL = 4
+
+
+def compiled_sgd_steps(model, step_errors):
+    """A few SGD steps of :func:`train` as one graph through ``torch.compile``: for each step the
+    models' loss, its gradient (``torch.func.grad``) and the update p - lr grad.
+
+    Returns ``steps(parameters, tokens, targets, rates, total)`` -> (new parameters, total + the
+    steps' errors): ``parameters`` is {name: tensor} of ``model.named_parameters()``, ``tokens``
+    and ``targets`` hold K steps' sequences on dim 1, ``rates`` (K, M) the per-model rates of
+    each. The plain loop dispatches some thirty small operations a step and updates outside the
+    graph; a small sequential step is mostly that overhead (``benchmarks/batched_training.py``
+    measures both). It computes what the plain loop computes, up to round-off
+    (``tests/test_ensemble.py`` checks it in float64).
+    """
+    errors_module = _Errors(model, step_errors)
+
+    def total_loss(parameters, tokens, targets):
+        errors = torch.func.functional_call(errors_module, {f"model.{name}": p for name, p in parameters.items()},
+                                            (tokens, targets))
+        return errors.sum(), errors
+
+    gradient = torch.func.grad(total_loss, has_aux=True)
+
+    def steps(parameters, tokens, targets, rates, total):
+        for k in range(tokens.shape[1]):
+            gradients, errors = gradient(parameters, tokens[:, k : k + 1], targets[:, k : k + 1])
+            parameters = {name: p - rates[k].reshape(-1, *[1] * (p.dim() - 1)) * gradients[name]
+                          for name, p in parameters.items()}
+            total = total + errors.to(total.dtype)
+        return parameters, total
+
+    return torch.compile(steps, dynamic=False, fullgraph=True)
+
+
 def train(model, data, *, steps, epochs, lr, step_errors, schedule=None, first_epoch=0, before_epoch=None,
-          after_epoch=None, progress=None, sum_dtype=None):
+          after_epoch=None, progress=None, sum_dtype=None, compile=False):
     """SGD on stacked models, one sequence per model per step; returns the per-epoch mean training
     loss, (epochs, models).
 
@@ -81,23 +130,61 @@ def train(model, data, *, steps, epochs, lr, step_errors, schedule=None, first_e
     A model whose loss stops being finite gets nan from then on; the others are unaffected.
     ``before_epoch(epoch)`` and ``after_epoch(epoch + 1)`` run around each epoch (to fork a shorter
     run, to measure test losses); ``progress`` is a tqdm bar advanced once a step; the epoch's
-    losses are summed in ``sum_dtype`` (default: the model's dtype).
+    losses are summed in ``sum_dtype`` (default: the model's dtype). ``compile=True`` takes each
+    few steps through :func:`compiled_sgd_steps`; the model's parameters are written back after every
+    epoch, so the callbacks see the trained model either way. Subnormal floats are flushed to zero
+    while it trains (``torch.set_flush_denormal``; the callbacks' test losses included), and the
+    setting is back at PyTorch's default after.
     """
+    try:
+        return _train(model, data, steps=steps, epochs=epochs, lr=lr, step_errors=step_errors, schedule=schedule,
+                      first_epoch=first_epoch, before_epoch=before_epoch, after_epoch=after_epoch,
+                      progress=progress, sum_dtype=sum_dtype, compile=compile)
+    finally:
+        torch.set_flush_denormal(False)   # PyTorch's default
+
+
+def _train(model, data, *, steps, epochs, lr, step_errors, schedule, first_epoch, before_epoch, after_epoch,
+           progress, sum_dtype, compile):
     parameter = next(model.parameters())
     dtype, device = parameter.dtype, parameter.device
+    fused = compiled_sgd_steps(model, step_errors) if compile else None
+    if fused is not None:
+        rates = torch.as_tensor(lr, dtype=dtype, device=device).expand(len(model.seeds))
+        # the largest call length up to STEPS_PER_CALL that divides the epoch: one graph per run
+        per_call = max(k for k in range(1, STEPS_PER_CALL + 1) if steps % k == 0)
     history = []
     for epoch in range(first_epoch, epochs):
         if before_epoch is not None:
             before_epoch(epoch)
+        # a trained layer's random-feature exponents reach far below their maximum, where exp
+        # gives subnormal numbers, which the CPU computes tens of times slower; they are 1e-38 and
+        # below, under float32's resolution of any sum they enter, so they are flushed to zero
+        # (the exponential task's trained step: 4x; benchmarks/batched_training.py). Set every
+        # epoch: a run forked in before_epoch has restored the default when it ends.
+        torch.set_flush_denormal(True)
         tokens, targets = data.epoch(model.seeds, steps, dtype, device)
         total = torch.zeros(len(model.seeds), dtype=sum_dtype or dtype, device=device)
-        for step in range(steps):
-            errors = step_errors(model, tokens[:, step : step + 1], targets[:, step : step + 1])
-            errors.sum().backward()
-            sgd_step(model.parameters(), lr if schedule is None else lr * schedule(epoch * steps + step))
-            total += errors.detach().to(total.dtype)
-            if progress is not None:
-                progress.update(1)
+        factors = [1.0 if schedule is None else schedule(epoch * steps + step) for step in range(steps)]
+        if fused is not None:
+            parameters = {name: p.detach() for name, p in model.named_parameters()}
+            step_rates = torch.tensor(factors, dtype=dtype, device=device)[:, None] * rates
+            for step in range(0, steps, per_call):
+                block = slice(step, step + per_call)
+                parameters, total = fused(parameters, tokens[:, block], targets[:, block], step_rates[block], total)
+                if progress is not None:
+                    progress.update(per_call)
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    p.copy_(parameters[name])
+        else:
+            for step in range(steps):
+                errors = step_errors(model, tokens[:, step : step + 1], targets[:, step : step + 1])
+                errors.sum().backward()
+                sgd_step(model.parameters(), lr if schedule is None else lr * factors[step])
+                total += errors.detach().to(total.dtype)
+                if progress is not None:
+                    progress.update(1)
         history.append(total.to(torch.float64) / steps)
         if after_epoch is not None:
             after_epoch(epoch + 1)
