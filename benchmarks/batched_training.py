@@ -12,8 +12,9 @@ other part (what the two workers of a full run cost each other). Each is set aga
 built from this machine's own measured rates: one exp over the (models, tokens, d_r)
 random-feature exponent and the two (models, tokens, d) x (d, d_r) matrix products of the
 forward and backward pass, each microbenchmarked at the step's shapes, one thread. A ratio near 1
-means the step is already the unavoidable work; the ratio is the headroom. Last, the per-step
-times project the training time of a full run (seeds over the worker processes), and with --full
+means the step is already the unavoidable work; the ratio is the headroom. The other parts (the
+maps and negative samples cost more) are timed too, and the mean over the parts projects the
+training time of a full run (seeds over the worker processes), and with --full
 the whole `reproduce all` is timed against both projections (it also compiles, measures test
 losses, context use and baselines, and runs the studies of Figs. 6-9 and 14).
 Timings on a shared machine move; ratios measured in one run move less.
@@ -82,10 +83,10 @@ def training(config, *, threads, compiled, index=0, trained=False):
     return lambda: train(ensemble, data, steps=steps, epochs=1, lr=lr, step_errors=squared_errors, compile=compiled)
 
 
-def step_time(config, *, threads, compiled=False, trained=False, flush=True):
-    """Seconds per SGD step of one part of one seed's variants; ``flush=False`` keeps the
+def step_time(config, *, threads, compiled=False, trained=False, flush=True, index=0):
+    """Seconds per SGD step of part ``index`` of one seed's variants; ``flush=False`` keeps the
     subnormal floats that :func:`icl_lens.training.loop.train` flushes to zero."""
-    run = training(config, threads=threads, compiled=compiled, trained=trained)
+    run = training(config, threads=threads, compiled=compiled, trained=trained, index=index)
     if flush:
         return timed(run) / STEPS[config.task.kind]
     keep = torch.set_flush_denormal
@@ -119,10 +120,11 @@ def step_time_beside_a_worker(config, *, trained=False):
         other.join()
 
 
-def bound(config):
-    """Seconds of the unavoidable exp and matmul work of one step, one thread, at the step's shapes."""
+def bound(config, index=0):
+    """Seconds of the unavoidable exp and matmul work of one step of part ``index``, one thread, at
+    the step's shapes."""
     torch.set_num_threads(1)
-    models, n, d = len(part(config)), config.task.num_tokens, config.task.token_dim
+    models, n, d = len(part(config, index)), config.task.num_tokens, config.task.token_dim
     features = config.layer.features
     exponent, out = torch.randn(models, n, features), torch.empty(models, n, features)
     keys, omega = torch.randn(models, n, d), torch.randn(models, d, features)
@@ -155,17 +157,24 @@ def main():
         last = "compiled, trained weights" if trained else "compiled, 1 thread"
         times[f"  {last.split(', ')[1]}, beside a second worker"] = beside = step_time_beside_a_worker(
             config, trained=trained)
+        # the parts hold different variants (the maps and negative samples cost more): each is timed
+        others = [step_time(config, threads=1, compiled=True, trained=trained, index=i) for i in range(1, WORKERS)]
         floor = bound(config)
+        bounds = dict.fromkeys(times, floor)
+        for i, seconds in enumerate(others, start=1):
+            name = f"  part {i + 1} of {WORKERS} ({len(part(config, i))} models), {last.split(', ')[1]}"
+            times[name], bounds[name] = seconds, bound(config, i)
+        mean_part = (times[last] + sum(others)) / WORKERS
         steps = config.trained_epochs * config.steps_per_epoch   # with the half-length run copied off
         # each seed is split into WORKERS parts, and WORKERS processes train the parts side by side
-        minutes = times[last] * steps * len(config.seeds) / 60
+        minutes = mean_part * steps * len(config.seeds) / 60
         projected += minutes
-        beside_projected += beside * steps * len(config.seeds) / 60
-        print(f"{kind}: {len(part(config))} models a part, {config.epochs} epochs x {len(config.seeds)} seeds "
+        beside_projected += mean_part * beside / times[last] * steps * len(config.seeds) / 60
+        print(f"{kind}: {len(part(config))} models in part 1, {config.epochs} epochs x {len(config.seeds)} seeds "
               f"x {config.steps_per_epoch} steps")
         for name, seconds in times.items():
-            print(f"  {name:<42} {seconds * 1e3:8.2f} ms  {seconds / floor:5.1f}x the bound")
-        print(f"  {'bound (exp + 2 matrix products)':<42} {floor * 1e3:8.2f} ms | compiled is "
+            print(f"  {name:<46} {seconds * 1e3:8.2f} ms  {seconds / bounds[name]:5.1f}x its bound")
+        print(f"  {'bound of part 1 (exp + 2 matrix products)':<46} {floor * 1e3:8.2f} ms | compiled is "
               f"{times['eager, 1 thread'] / times['compiled, 1 thread']:.1f}x faster than eager; a full run's "
               f"training: {minutes:.1f} min", flush=True)
     print(f"projected training time of a full run: {projected:.1f} min from the step alone, "

@@ -6,11 +6,13 @@ For each setting, the packaged all-MiniLM-L6-v2 (modified as the setting says) t
 training batches of seed 0 in the study's own order, with its dynamic padding, one thread (what
 each of a full run's two worker processes has). Printed per setting: the seconds of a step
 (forward, backward, AdamW), the same with subnormal floats flushed to zero, the share of the
-AdamW update, the step's floating-point operations counted by ``torch.utils.flop_counter`` at
-the batches' real lengths, and a bound: those operations at this machine's measured
-matrix-product rate, one thread, at the step's largest product (tokens x hidden times hidden x
-intermediate). A ratio near 1 leaves nothing to gain without changing what is computed. Timings
-on a shared machine move; the ratios measured in one run move less.
+AdamW update, the floating-point operations of the forward and backward matrix products
+counted by ``torch.utils.flop_counter`` at the batches' padded lengths (the real tokens' count is
+printed beside; AdamW and the elementwise work are not counted), and a bound: those operations at
+this machine's measured matrix-product rate, one thread, at the step's largest product (tokens x
+hidden times hidden x intermediate). A ratio near 1 leaves little to gain without computing less
+(fewer padded tokens) or in lower precision. Timings on a shared machine move; the ratios
+measured in one run move less.
 """
 
 import argparse
@@ -70,7 +72,7 @@ def main():
         for inputs, labels in timed:
             step(model, optimizer, inputs, labels)
         seconds = (time.perf_counter() - start) / len(timed)
-        torch.set_flush_denormal(True)   # what icl_lens.training.loop.train does
+        torch.set_flush_denormal(True)   # as icl_lens.training.loop.train does for the attention layers
         start = time.perf_counter()
         for inputs, labels in timed:
             step(model, optimizer, inputs, labels)

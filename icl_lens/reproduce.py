@@ -444,10 +444,12 @@ WRITTEN = "written.json"   # beside a kept quick run's files: what reproduce ret
 
 def quick_reproduction(names, out):
     """``reproduce(names, out=out, quick=True)``, returning what it wrote ({name: {kind: path}});
-    where the environment variable ``ICL_LENS_QUICK_RUNS`` names a folder, the quick run is made
-    there once (under the names, atomically) and its files are copied into ``out`` by every later
-    call, from any process. The variable is meant for one test session of one version of the
-    code: nothing checks that a run kept there is current."""
+    where the environment variable ``ICL_LENS_QUICK_RUNS`` names a folder, the first call makes the
+    quick run there (under the names, renamed into place when complete) and every later call, from
+    any process, copies its files into ``out`` (callers that start together may each train; one
+    run is kept). Files already in ``out`` that the run does not write stay. The variable is meant
+    for one test session of one version of the code: nothing checks that a run kept there is
+    current."""
     shared = os.environ.get(QUICK_RUNS)
     if not shared:
         return reproduce(names, out=out, quick=True, log=None)
@@ -455,6 +457,7 @@ def quick_reproduction(names, out):
     if not made.exists():
         Path(shared).mkdir(parents=True, exist_ok=True)
         building = Path(tempfile.mkdtemp(dir=shared))
+        building.chmod(0o755)   # mkdtemp's 0700 would be copied onto ``out``
         written = reproduce(names, out=building, quick=True, log=None)
         (building / WRITTEN).write_text(json.dumps({name: {kind: path.name for kind, path in paths.items()}
                                                     for name, paths in written.items()}))

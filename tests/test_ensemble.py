@@ -141,28 +141,42 @@ def test_batched_training_is_independent_sgd():
 
 def test_compiled_steps_train_the_models_the_plain_loop_trains():
     """compile=True (a few SGD steps per torch.compile graph, the update inside it) against the
-    plain loop, float64, with every switch and the "decay" schedule: 2 epochs of 6 steps, so 3
-    steps a call. The same run at another learning rate moves the weights far beyond the
-    tolerance, so the comparison can fail."""
-    config = section5.ExperimentConfig(epochs=1, tokens_per_epoch=6 * 16, dtype="float64")
+    plain loop, float64, with every switch and the "decay" schedule: 2 epochs of 8 steps, so 4
+    steps a call as in the full runs, and the weights the after_epoch callback sees after each
+    epoch. The same run at another learning rate moves the weights far beyond the tolerance, so
+    the comparison can fail."""
+    config = section5.ExperimentConfig(epochs=1, tokens_per_epoch=8 * 16, dtype="float64")
     variants = [Modification(), Modification(alpha=0.2), Modification(value_map="gelu", key_map="mlp-gelu"),
                 Modification(negative_k=3, beta=0.1)]
     lr = torch.tensor([0.003, 0.003, 0.005, 0.005], dtype=torch.float64)
-    schedule = loop.decay_schedule(12, 0.5)
+    schedule = loop.decay_schedule(16, 0.5)
 
     def trained(rates, compile):
         ensemble = AttentionEnsemble(config.layer, variants, [0, 1, 0, 1], dtype=torch.float64)
-        history = loop.train(ensemble, task_data(config.task, [0, 1]), steps=6, epochs=2, lr=rates,
-                             step_errors=squared_errors, schedule=schedule, compile=compile)
-        return history, dict(ensemble.named_parameters())
+        seen = []
+        history = loop.train(ensemble, task_data(config.task, [0, 1]), steps=8, epochs=2, lr=rates,
+                             step_errors=squared_errors, schedule=schedule, compile=compile,
+                             after_epoch=lambda epoch: seen.append(ensemble.W_V.detach().clone()))
+        return history, dict(ensemble.named_parameters()), seen
 
-    plain_history, plain = trained(lr, False)
-    compiled_history, compiled = trained(lr, True)
+    plain_history, plain, plain_seen = trained(lr, False)
+    compiled_history, compiled, compiled_seen = trained(lr, True)
     assert torch.allclose(compiled_history, plain_history, rtol=1e-12, atol=0)
     gaps = {name: float((compiled[name] - p).detach().abs().max()) for name, p in plain.items()}
     assert max(gaps.values()) < 1e-12, gaps
-    _, other = trained(2 * lr, False)
+    assert len(compiled_seen) == 2
+    assert all(float((a - b).abs().max()) < 1e-12 for a, b in zip(compiled_seen, plain_seen))
+    _, other, _ = trained(2 * lr, False)
     assert max(float((other[name] - p).detach().abs().max()) for name, p in plain.items()) > 1e-6
+
+
+def test_an_empty_epoch_range_trains_nothing():
+    config = section5.ExperimentConfig(epochs=1, tokens_per_epoch=2 * 16)
+    ensemble = AttentionEnsemble(config.layer, [Modification(), Modification()], [0, 0])
+    before = ensemble.W_Q.detach().clone()
+    history = loop.train(ensemble, task_data(config.task, [0]), steps=2, epochs=3, first_epoch=3, lr=0.003,
+                         step_errors=squared_errors)
+    assert history.shape == (0, 2) and torch.equal(ensemble.W_Q, before)
 
 
 def test_a_diverging_model_leaves_the_others_alone():

@@ -79,8 +79,9 @@ class _Errors(torch.nn.Module):
         return self.step_errors(self.model, tokens, targets)
 
 
-# SGD steps per compiled call: the steps are sequential, so a call pays the per-call overhead
-# (guards, wrapper) once for this many; more steps lengthen compilation (seconds per step)
+# SGD steps per compiled call at most (the largest count up to it that divides an epoch's steps):
+# the steps are sequential, so a call pays the per-call overhead (guards, wrapper) once for this
+# many; more steps lengthen compilation (seconds per step)
 STEPS_PER_CALL = 4
 
 
@@ -133,8 +134,10 @@ def train(model, data, *, steps, epochs, lr, step_errors, schedule=None, first_e
     losses are summed in ``sum_dtype`` (default: the model's dtype). ``compile=True`` takes each
     few steps through :func:`compiled_sgd_steps`; the model's parameters are written back after every
     epoch, so the callbacks see the trained model either way. Subnormal floats are flushed to zero
-    while it trains (``torch.set_flush_denormal``; the callbacks' test losses included), and the
-    setting is back at PyTorch's default after.
+    (``torch.set_flush_denormal``) from the start of each epoch's steps through its ``after_epoch``,
+    on the calling thread: all of the work with one thread, as the full runs' workers have, part of
+    it with more intra-op threads. PyTorch's default (not flushed) is back when it returns, also
+    around a run forked inside ``before_epoch``; an epoch range that is empty gives (0, M).
     """
     try:
         return _train(model, data, steps=steps, epochs=epochs, lr=lr, step_errors=step_errors, schedule=schedule,
@@ -160,8 +163,9 @@ def _train(model, data, *, steps, epochs, lr, step_errors, schedule, first_epoch
         # a trained layer's random-feature exponents reach far below their maximum, where exp
         # gives subnormal numbers, which the CPU computes tens of times slower; they are 1e-38 and
         # below, under float32's resolution of any sum they enter, so they are flushed to zero
-        # (the exponential task's trained step: 4x; benchmarks/batched_training.py). Set every
-        # epoch: a run forked in before_epoch has restored the default when it ends.
+        # (the exponential task's trained step: 4.5x; benchmarks/batched_training.py). Set every
+        # epoch: a run forked in before_epoch has restored the default when it ends. The setting
+        # is per thread, so it is complete with one thread (the full runs' workers).
         torch.set_flush_denormal(True)
         tokens, targets = data.epoch(model.seeds, steps, dtype, device)
         total = torch.zeros(len(model.seeds), dtype=sum_dtype or dtype, device=device)
@@ -188,7 +192,7 @@ def _train(model, data, *, steps, epochs, lr, step_errors, schedule, first_epoch
         history.append(total.to(torch.float64) / steps)
         if after_epoch is not None:
             after_epoch(epoch + 1)
-    return torch.stack(history)
+    return torch.stack(history) if history else torch.empty(0, len(model.seeds), dtype=torch.float64)
 
 
 def run_jobs(function, jobs, *, device="cpu", workers=1):
