@@ -139,16 +139,6 @@ def train(model, data, *, steps, epochs, lr, step_errors, schedule=None, first_e
     it with more intra-op threads. PyTorch's default (not flushed) is back when it returns, also
     around a run forked inside ``before_epoch``; an epoch range that is empty gives (0, M).
     """
-    try:
-        return _train(model, data, steps=steps, epochs=epochs, lr=lr, step_errors=step_errors, schedule=schedule,
-                      first_epoch=first_epoch, before_epoch=before_epoch, after_epoch=after_epoch,
-                      progress=progress, sum_dtype=sum_dtype, compile=compile)
-    finally:
-        torch.set_flush_denormal(False)   # PyTorch's default
-
-
-def _train(model, data, *, steps, epochs, lr, step_errors, schedule, first_epoch, before_epoch, after_epoch,
-           progress, sum_dtype, compile):
     parameter = next(model.parameters())
     dtype, device = parameter.dtype, parameter.device
     fused = compiled_sgd_steps(model, step_errors) if compile else None
@@ -157,41 +147,44 @@ def _train(model, data, *, steps, epochs, lr, step_errors, schedule, first_epoch
         # the largest call length up to STEPS_PER_CALL that divides the epoch: one graph per run
         per_call = max(k for k in range(1, STEPS_PER_CALL + 1) if steps % k == 0)
     history = []
-    for epoch in range(first_epoch, epochs):
-        if before_epoch is not None:
-            before_epoch(epoch)
-        # a trained layer's random-feature exponents reach far below their maximum, where exp
-        # gives subnormal numbers, which the CPU computes tens of times slower; they are 1e-38 and
-        # below, under float32's resolution of any sum they enter, so they are flushed to zero
-        # (the exponential task's trained step: 4.5x; benchmarks/batched_training.py). Set every
-        # epoch: a run forked in before_epoch has restored the default when it ends. The setting
-        # is per thread, so it is complete with one thread (the full runs' workers).
-        torch.set_flush_denormal(True)
-        tokens, targets = data.epoch(model.seeds, steps, dtype, device)
-        total = torch.zeros(len(model.seeds), dtype=sum_dtype or dtype, device=device)
-        factors = [1.0 if schedule is None else schedule(epoch * steps + step) for step in range(steps)]
-        if fused is not None:
-            parameters = {name: p.detach() for name, p in model.named_parameters()}
-            step_rates = torch.tensor(factors, dtype=dtype, device=device)[:, None] * rates
-            for step in range(0, steps, per_call):
-                block = slice(step, step + per_call)
-                parameters, total = fused(parameters, tokens[:, block], targets[:, block], step_rates[block], total)
-                if progress is not None:
-                    progress.update(per_call)
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    p.copy_(parameters[name])
-        else:
-            for step in range(steps):
-                errors = step_errors(model, tokens[:, step : step + 1], targets[:, step : step + 1])
-                errors.sum().backward()
-                sgd_step(model.parameters(), lr if schedule is None else lr * factors[step])
-                total += errors.detach().to(total.dtype)
-                if progress is not None:
-                    progress.update(1)
-        history.append(total.to(torch.float64) / steps)
-        if after_epoch is not None:
-            after_epoch(epoch + 1)
+    try:
+        for epoch in range(first_epoch, epochs):
+            if before_epoch is not None:
+                before_epoch(epoch)
+            # a trained layer's random-feature exponents reach far below their maximum, where exp
+            # gives subnormal numbers, which the CPU computes tens of times slower; they are 1e-38 and
+            # below, under float32's resolution of any sum they enter, so they are flushed to zero
+            # (the exponential task's trained step: 4.5x; benchmarks/batched_training.py). Set every
+            # epoch: a run forked in before_epoch has restored the default when it ends. The setting
+            # is per thread, so it is complete with one thread (the full runs' workers).
+            torch.set_flush_denormal(True)
+            tokens, targets = data.epoch(model.seeds, steps, dtype, device)
+            total = torch.zeros(len(model.seeds), dtype=sum_dtype or dtype, device=device)
+            factors = [1.0 if schedule is None else schedule(epoch * steps + step) for step in range(steps)]
+            if fused is not None:
+                parameters = {name: p.detach() for name, p in model.named_parameters()}
+                step_rates = torch.tensor(factors, dtype=dtype, device=device)[:, None] * rates
+                for step in range(0, steps, per_call):
+                    block = slice(step, step + per_call)
+                    parameters, total = fused(parameters, tokens[:, block], targets[:, block], step_rates[block], total)
+                    if progress is not None:
+                        progress.update(per_call)
+                with torch.no_grad():
+                    for name, p in model.named_parameters():
+                        p.copy_(parameters[name])
+            else:
+                for step in range(steps):
+                    errors = step_errors(model, tokens[:, step : step + 1], targets[:, step : step + 1])
+                    errors.sum().backward()
+                    sgd_step(model.parameters(), lr if schedule is None else lr * factors[step])
+                    total += errors.detach().to(total.dtype)
+                    if progress is not None:
+                        progress.update(1)
+            history.append(total.to(torch.float64) / steps)
+            if after_epoch is not None:
+                after_epoch(epoch + 1)
+    finally:
+        torch.set_flush_denormal(False)   # PyTorch's default
     return torch.stack(history) if history else torch.empty(0, len(model.seeds), dtype=torch.float64)
 
 
