@@ -8,7 +8,9 @@ one process, and compiled with one thread (what a full run does: a few steps per
 graph, icl_lens.training.loop.compiled_sgd_steps); compiled again from the saved full run's
 trained weights (where a run spends most of its steps), once as training runs, flushing subnormal
 floats to zero, and once keeping them; and compiled beside a second process that trains the
-other part (what the two workers of a full run cost each other). Each is set against a bound
+other part (what the two workers of a full run cost each other); and the eager test-loss pass a
+run makes at each checkpoint, at the trained weights, with the random-feature exponents raised
+to their floor as the runs do and without. Each step is set against a bound
 built from this machine's own measured rates: one exp over the (models, tokens, d_r)
 random-feature exponent and the two (models, tokens, d) x (d, d_r) matrix products of the
 forward and backward pass, each microbenchmarked at the step's shapes, one thread. A ratio near 1
@@ -24,18 +26,21 @@ import argparse
 import json
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from unittest.mock import patch
 
 import torch
 
 from icl_lens.results import repository_root
 from icl_lens.studies import section5
-from icl_lens.training.data import task_data
-from icl_lens.training.ensemble import AttentionEnsemble, squared_errors
+from icl_lens.training.data import task_data, test_sets
+from icl_lens.training import ensemble as ensemble_module
+from icl_lens.training.ensemble import AttentionEnsemble, squared_errors, test_loss
 from icl_lens.training.loop import train
 
 STEPS = {"linear": 200, "trigonometric": 32, "exponential": 8}   # multiples of STEPS_PER_CALL
@@ -65,6 +70,13 @@ def trained_weights(kind):
     return {name: torch.tensor(w) for name, w in json.loads(path.read_text())["trained_normal"]["0"].items()}
 
 
+def load_trained_weights(ensemble, kind):
+    """Every model of ``ensemble`` given the saved run's trained W_Q, W_K, W_V (:func:`trained_weights`)."""
+    with torch.no_grad():
+        for name, weight in trained_weights(kind).items():
+            getattr(ensemble, name).copy_(weight.expand_as(getattr(ensemble, name)))
+
+
 def training(config, *, threads, compiled, index=0, trained=False):
     """A function that trains one epoch of STEPS steps of part ``index`` of one seed's variants;
     with ``trained``, every model starts from the saved run's trained W_Q, W_K, W_V and the
@@ -75,9 +87,7 @@ def training(config, *, threads, compiled, index=0, trained=False):
     data = task_data(config.task, config.seeds[:1])
     lr = torch.tensor([v.lr for v in variants])
     if trained:
-        with torch.no_grad():
-            for name, weight in trained_weights(config.task.kind).items():
-                getattr(ensemble, name).copy_(weight.expand_as(getattr(ensemble, name)))
+        load_trained_weights(ensemble, config.task.kind)
         lr = lr * 0
     steps = STEPS[config.task.kind]
     return lambda: train(ensemble, data, steps=steps, epochs=1, lr=lr, step_errors=squared_errors, compile=compiled)
@@ -101,6 +111,26 @@ def _other_worker(kind, trained, ready, stop):
     ready.set()
     while not stop.is_set():
         run()
+
+
+def test_loss_time(config, *, floor=True):
+    """Seconds of one eager test-loss pass (what a run measures at each checkpoint) of part 1 at
+    the saved run's trained weights, one thread, subnormals flushed; ``floor=False`` leaves the random-feature
+    exponents unraised (EXPONENT_FLOOR), where eager exp underflows on its slow path."""
+    torch.set_num_threads(1)
+    variants = part(config)
+    seed = config.seeds[0]
+    ensemble = AttentionEnsemble(config.layer, [v.modification for v in variants], [seed] * len(variants))
+    load_trained_weights(ensemble, config.task.kind)
+    data = task_data(config.task, [seed])
+    tokens, targets = test_sets(config.task, data.weights, config.test_sequences)[seed]
+    tokens, targets = (x.expand(len(variants), *x.shape).float() for x in (tokens, targets))
+    torch.set_flush_denormal(True)   # as at a run's checkpoints (train's after_epoch)
+    try:
+        with nullcontext() if floor else patch.object(ensemble_module, "EXPONENT_FLOOR", None):
+            return timed(lambda: test_loss(ensemble, tokens, targets))
+    finally:
+        torch.set_flush_denormal(False)
 
 
 def step_time_beside_a_worker(config, *, trained=False):
@@ -138,10 +168,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=list(STEPS), choices=list(STEPS))
     parser.add_argument("--full", action="store_true", help="also time `reproduce all` in full mode")
+    parser.add_argument("--keep", metavar="DIR", help="with --full, write the run's records to DIR (kept)")
     args = parser.parse_args()
+    if args.keep and not args.full:
+        parser.error("--keep needs --full")
     threads = torch.get_num_threads()
     print(f"torch {torch.__version__}, {threads} threads, {os.cpu_count()} cpus")
     projected = beside_projected = 0.0
+    task_minutes = {}
     for kind in args.tasks:
         config = section5.EXPERIMENTS[kind]()
         trained = trained_weights(kind) is not None
@@ -169,22 +203,34 @@ def main():
         # each seed is split into WORKERS parts, and WORKERS processes train the parts side by side
         minutes = mean_part * steps * len(config.seeds) / 60
         projected += minutes
+        task_minutes[kind] = minutes
         beside_projected += mean_part * beside / times[last] * steps * len(config.seeds) / 60
         print(f"{kind}: {len(part(config))} models in part 1, {config.epochs} epochs x {len(config.seeds)} seeds "
               f"x {config.steps_per_epoch} steps")
         for name, seconds in times.items():
             print(f"  {name:<46} {seconds * 1e3:8.2f} ms  {seconds / bounds[name]:5.1f}x its bound")
+        if trained:
+            print(f"  {'eager test-loss pass, trained weights':<46} {test_loss_time(config) * 1e3:8.1f} ms  "
+                  f"(exponents unraised: {test_loss_time(config, floor=False) * 1e3:.1f} ms)")
         print(f"  {'bound of part 1 (exp + 2 matrix products)':<46} {floor * 1e3:8.2f} ms | compiled is "
               f"{times['eager, 1 thread'] / times['compiled, 1 thread']:.1f}x faster than eager; a full run's "
               f"training: {minutes:.1f} min", flush=True)
     print(f"projected training time of a full run: {projected:.1f} min from the step alone, "
           f"{beside_projected:.1f} min from the step beside a second worker")
     if args.full:
-        with tempfile.TemporaryDirectory() as out:
+        with tempfile.TemporaryDirectory() as scratch:
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "icl_lens", "reproduce", "all", "--out", out], check=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        minutes = (time.perf_counter() - start) / 60
+            run = subprocess.run([sys.executable, "-m", "icl_lens", "reproduce", "all", "--out", args.keep or scratch],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            minutes = (time.perf_counter() - start) / 60
+        if run.returncode:
+            sys.exit(f"reproduce all failed:\n{run.stderr}")
+        log = run.stderr
+        # the run logs each task's wall time (training, test losses, context use, baselines)
+        for kind, seconds in re.findall(r"(\w+): \d+ models, \d+ epochs, ([\d.]+) s", log):
+            if kind in task_minutes:
+                print(f"  {kind}: {float(seconds) / 60:.1f} min, {float(seconds) / 60 / task_minutes[kind]:.2f}x "
+                      f"its training's projection")
         print(f"reproduce all (full mode): {minutes:.1f} min, {minutes / projected:.2f}x the projection from the "
               f"step alone, {minutes / beside_projected:.2f}x the one beside a second worker")
 

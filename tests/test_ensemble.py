@@ -170,6 +170,47 @@ def test_compiled_steps_train_the_models_the_plain_loop_trains():
     assert max(float((other[name] - p).detach().abs().max()) for name, p in plain.items()) > 1e-6
 
 
+def test_the_exponent_floor_changes_no_float32_number(monkeypatch):
+    """Without gradients (the evaluation passes) the random-feature exponents more than
+    EXPONENT_FLOOR below their row's largest are raised to there (floored_logsumexp: eager exp
+    is slow where it underflows). With queries and keys as large as a trained layer's many are,
+    and the outputs are still torch.logsumexp's float32 numbers; a floor inside the sums'
+    resolution (1) changes them, so the comparison can fail. With gradients (training) the
+    plain logsumexp is kept."""
+    from icl_lens.training import ensemble as module
+
+    config = section5.exponential_experiment()
+    variants = [Modification(), Modification(alpha=0.2), Modification(key_map="gelu", negative_k=3, beta=0.1)]
+    seeds = [config.seeds[0]] * len(variants)
+    tokens, _ = task_data(config.task, seeds[:1]).epoch(seeds, 4, torch.float32, "cpu")
+    ensemble = AttentionEnsemble(config.layer, variants, seeds)
+    with torch.no_grad():
+        ensemble.W_Q *= 8
+        ensemble.W_K *= 8
+
+    def outputs(floor, gradients=False):
+        monkeypatch.setattr(module, "EXPONENT_FLOOR", floor)
+        with torch.set_grad_enabled(gradients):
+            return ensemble(tokens).detach()
+
+    floor = module.EXPONENT_FLOOR
+    exponents = []   # what query_log_scores hands to logsumexp
+    logsumexp = torch.logsumexp
+    monkeypatch.setattr(torch, "logsumexp", lambda x, dim: exponents.append(x.detach()) or logsumexp(x, dim=dim))
+    plain = outputs(None)
+    monkeypatch.setattr(torch, "logsumexp", logsumexp)
+    below = torch.cat([(x < x.amax(-1, keepdim=True) - floor).flatten() for x in exponents])
+    assert below.float().mean() > 0.05   # the floor has terms to raise
+    assert torch.equal(outputs(floor), plain)
+    assert not torch.equal(outputs(1.0), plain)
+    assert torch.equal(outputs(1.0, gradients=True), plain)
+    # rows a diverged model can give: as torch.logsumexp, infinities and nan included
+    rows = torch.tensor([[math.inf, 0.0], [-math.inf, -math.inf], [math.nan, 0.0], [3e38, -3e38], [0.0, -200.0]])
+    assert torch.equal(module.floored_logsumexp(rows, floor).isnan(), logsumexp(rows, dim=-1).isnan())
+    kept = ~logsumexp(rows, dim=-1).isnan()
+    assert torch.equal(module.floored_logsumexp(rows, floor)[kept], logsumexp(rows, dim=-1)[kept])
+
+
 def test_an_empty_epoch_range_trains_nothing():
     config = section5.ExperimentConfig(epochs=1, tokens_per_epoch=2 * 16)
     ensemble = AttentionEnsemble(config.layer, [Modification(), Modification()], [0, 0])

@@ -451,6 +451,18 @@ def measure_context_use(ensemble, data, tests, task):
     return [{name: float(values[m]) for name, values in found.items()} for m in range(ensemble.num_models)]
 
 
+def ensemble_cost(variants):
+    """A rank, not a time: how long training ``variants`` as one ensemble takes against the other
+    parts of a run, for handing the longest out first. Per model, the plain layer and each map or
+    negative sampling that the ensemble computes (a map for every model once one uses it); the
+    parts with the maps and negative samples take up to 1.5x as long
+    (benchmarks/batched_training.py)."""
+    switches = [any(v.modification.value_map != "none" for v in variants),
+                any(v.modification.key_map != "none" for v in variants),
+                any(v.modification.negative_k and v.modification.beta for v in variants)]
+    return len(variants) * (1 + sum(switches))
+
+
 def run_experiment(config, *, device="cpu", progress=True, compile=False, variants=None, workers=1):
     """Train every variant of ``config`` for every seed; return a JSON-ready :class:`TaskRecord`.
 
@@ -458,8 +470,10 @@ def run_experiment(config, *, device="cpu", progress=True, compile=False, varian
     ``workers > 1`` (CPU only) each seed's variants are split into ``workers`` parts, each its own
     ensemble, and ``workers`` processes share the CPU threads: small ensembles stay in cache, one
     thread per process avoids the threading overhead of small kernels, and the equal parts keep
-    every process busy whatever the number of seeds. Models are independent either way; float32 round-off
-    depends on how models are grouped and on compilation, so one setting gives one set of bytes.
+    every process busy whatever the number of seeds; the parts that cost more (:func:`ensemble_cost`)
+    are handed out first. Models are independent either way; float32 round-off depends on how
+    models are grouped and on compilation (not on the order or process), so one setting gives one
+    set of bytes.
 
     ``compile=True`` runs the training step through ``torch.compile`` (``benchmarks/batched_training.py``
     measures what it gains), after seconds of compilation per process. ``variants`` replaces
@@ -477,7 +491,7 @@ def run_experiment(config, *, device="cpu", progress=True, compile=False, varian
         chunks = [variants[i : i + size] for i in range(0, len(variants), size)]
         jobs = [(config, chunk, (seed,), compile, progress, i % workers)
                 for i, (seed, chunk) in enumerate((s, c) for s in config.seeds for c in chunks)]
-    parts = run_jobs(train_seeds, jobs, device=device, workers=workers)
+    parts = run_jobs(train_seeds, jobs, device=device, workers=workers, cost=lambda job: ensemble_cost(job[1]))
     # parts come seed by seed and, within a seed, variant part by part: the order of ``models``
     train_losses = [row for part in parts for row in part["train_loss"]]
     test_curves = [row for part in parts for row in part["test_curve"]]

@@ -188,10 +188,12 @@ def train(model, data, *, steps, epochs, lr, step_errors, schedule=None, first_e
     return torch.stack(history) if history else torch.empty(0, len(model.seeds), dtype=torch.float64)
 
 
-def run_jobs(function, jobs, *, device="cpu", workers=1):
+def run_jobs(function, jobs, *, device="cpu", workers=1, cost=None):
     """``[function(*job, device=device) for job in jobs]``; with ``workers > 1`` (CPU only) in that
     many spawned processes that share the CPU's threads equally. Every draw of the studies is
-    seeded, so a job gives the same numbers in any process."""
+    seeded, so a job gives the same numbers in any process and in any order. ``cost(job)``, where
+    given, ranks the jobs by how long they take: the workers take the longest first, so that none
+    is left with a long job at the end while the others wait; the results keep the jobs' order."""
     check_positive_int(workers, "workers")
     device = pick(device)
     if workers == 1:
@@ -199,9 +201,12 @@ def run_jobs(function, jobs, *, device="cpu", workers=1):
     if device.type != "cpu":
         raise ValueError(f"workers > 1 trains on the CPU; use workers=1 with device={str(device)!r}")
     threads = max(1, torch.get_num_threads() // workers)
+    # a stable sort: jobs of one cost keep their order
+    order = sorted(range(len(jobs)), key=lambda i: cost(jobs[i]), reverse=True) if cost else range(len(jobs))
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_in_worker, function, job, threads) for job in jobs]
-        return [future.result() for future in futures]
+        # the pool hands out jobs in the order they are submitted
+        futures = {i: pool.submit(_in_worker, function, jobs[i], threads) for i in order}
+        return [futures[i].result() for i in range(len(jobs))]
 
 
 def _in_worker(function, job, threads):
