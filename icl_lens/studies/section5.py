@@ -36,7 +36,7 @@ from icl_lens.kernels import PositiveRandomFeatures, draw_omega
 from icl_lens.tasks import RegressionTask, sample_sequences, sample_task_weight, task_labels
 from icl_lens.training.data import task_data, test_sets
 from icl_lens.training.ensemble import (AttentionEnsemble, LayerConfig, Modification, equivalence_curve,
-                                       squared_errors, test_loss)
+                                       squared_errors, test_loss, used_switches)
 from icl_lens.training.loop import decay_schedule, fork, fork_point, run_jobs, train
 from icl_lens.validation import check_positive_int
 
@@ -454,13 +454,10 @@ def measure_context_use(ensemble, data, tests, task):
 def ensemble_cost(variants):
     """A rank, not a time: how long training ``variants`` as one ensemble takes against the other
     parts of a run, for handing the longest out first. Per model, the plain layer and each map or
-    negative sampling that the ensemble computes (a map for every model once one uses it); the
-    parts with the maps and negative samples take up to 1.5x as long
-    (benchmarks/batched_training.py)."""
-    switches = [any(v.modification.value_map != "none" for v in variants),
-                any(v.modification.key_map != "none" for v in variants),
-                any(v.modification.negative_k and v.modification.beta for v in variants)]
-    return len(variants) * (1 + sum(switches))
+    negative sampling that the ensemble computes (:func:`used_switches`); the parts with the maps
+    and negative samples take up to 1.5x as long (benchmarks/batched_training.py)."""
+    uses = used_switches([v.modification for v in variants])
+    return len(variants) * (1 + uses["value_map"] + uses["key_map"] + uses["negative"])
 
 
 def run_experiment(config, *, device="cpu", progress=True, compile=False, variants=None, workers=1):

@@ -177,6 +177,18 @@ def augment(x, W1, b1, W2, b2, kind):
     return torch.where(kind == 0, x, torch.where(kind == 1, gelu, two_layer))
 
 
+def used_switches(modifications):
+    """{switch: whether any of ``modifications`` turns it on}: an ensemble computes a switch for
+    all its models once one uses it, and skips it otherwise."""
+    return {
+        "alpha": any(m.alpha for m in modifications),
+        "value_map": any(m.value_map != "none" for m in modifications),
+        "key_map": any(m.key_map != "none" for m in modifications),
+        "negative": any(m.negative_k and m.beta for m in modifications),
+        "ridge": any(m.ridge for m in modifications),
+    }
+
+
 class AttentionEnsemble(torch.nn.Module):
     """M self-attention layers, model m with ``modifications[m]`` and initial draws of ``seeds[m]``."""
 
@@ -217,13 +229,7 @@ class AttentionEnsemble(torch.nn.Module):
         self.register_buffer("negative_models", torch.tensor(
             [i for i, m in enumerate(modifications) if m.negative_k and m.beta], dtype=torch.long, device=device))
         # switches nobody uses are skipped, so a plain ensemble costs what a plain layer costs
-        self.uses = {
-            "alpha": any(m.alpha for m in modifications),
-            "value_map": any(m.value_map != "none" for m in modifications),
-            "key_map": any(m.key_map != "none" for m in modifications),
-            "negative": any(m.negative_k and m.beta for m in modifications),
-            "ridge": any(m.ridge for m in modifications),
-        }
+        self.uses = used_switches(modifications)
 
     @property
     def num_models(self):
