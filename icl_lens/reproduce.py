@@ -108,21 +108,27 @@ class Run:
 
     def task(self, kind):
         """The training record of a Section 5 task (``task_<kind>.json``)."""
-        if kind not in self._tasks:
-            if self.reuse:
-                self._tasks[kind] = load_result(self.out, f"task_{kind}")
-            else:
-                start = time.perf_counter()
-                config = experiment_config(kind, quick=self.quick, seeds=self.seeds)
-                self._tasks[kind] = section5.run_experiment(config, device=self.device, progress=self.log is not None,
-                                                            compile=self.compile, workers=self.workers)
-                self.save(f"task_{kind}", f"task_{kind}", self._tasks[kind])
-                self.say(f"{kind}: {len(self._tasks[kind]['models'])} models, {config.epochs} epochs, "
-                         f"{time.perf_counter() - start:.1f} s")
-        return self._tasks[kind]
+        return self.tasks((kind,))[kind]
 
     def tasks(self, kinds=ALL_TASKS):
-        return {kind: self.task(kind) for kind in kinds}
+        """{kind: training record}; the kinds not trained yet train together, their jobs in one
+        pool of the run's workers (:func:`icl_lens.studies.section5.run_experiments`), taken in
+        :data:`icl_lens.studies.section5.POOL_ORDER`."""
+        missing = [kind for kind in section5.POOL_ORDER if kind in kinds and kind not in self._tasks]
+        if self.reuse:
+            self._tasks.update({kind: load_result(self.out, f"task_{kind}") for kind in missing})
+        elif missing:
+            start = time.perf_counter()
+            configs = [experiment_config(kind, quick=self.quick, seeds=self.seeds) for kind in missing]
+            records, seconds = section5.run_experiments(configs, device=self.device, progress=self.log is not None,
+                                                        compile=self.compile, workers=self.workers)
+            for kind, config, record, share in zip(missing, configs, records, seconds):
+                self._tasks[kind] = record
+                self.save(f"task_{kind}", f"task_{kind}", record)
+                self.say(f"{kind}: {len(record['models'])} models, {config.epochs} epochs, {share:.1f} s "
+                         f"(its jobs' time over {self.workers} worker(s))")
+            self.say(f"{' + '.join(missing)} (one pool): {time.perf_counter() - start:.1f} s")
+        return {kind: self._tasks[kind] for kind in kinds}
 
     def shared(self, file, compute, draw, *, read_back=True):
         """A study that several outputs use, saved once as ``file`` (read back with ``reuse``, unless
@@ -285,9 +291,9 @@ def convergence_study(run):
         for study in studies.values():
             study["criterion"] = section5.criteria(study["record"])
     else:
-        studies = {kind: section5.convergence_study(kind, quick=run.quick, device=run.device, workers=run.workers,
-                                                    compile=run.compile, progress=run.log is not None)
-                   for kind in section5.EXPERIMENTS}
+        studies = section5.convergence_studies(section5.POOL_ORDER, quick=run.quick, device=run.device,
+                                               workers=run.workers, compile=run.compile, progress=run.log is not None)
+        studies = {kind: studies[kind] for kind in section5.EXPERIMENTS}   # the figure's order
     return run.save("convergence", "convergence", studies, section5_figures.convergence_figure(studies))
 
 
@@ -395,8 +401,9 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
     ``out`` instead of training again (to restyle figures or recompute verdicts); ``grow=True``
     (Table 1) keeps a saved record's runs and trains only those the current configuration adds.
     """
+    everything = "all" in names
     names = list(FIGURES) + [n for n in names if n in OUTPUTS_TABLE and n not in FIGURES] \
-        if "all" in names else list(dict.fromkeys(names))
+        if everything else list(dict.fromkeys(names))
     unknown = [n for n in names if n not in OUTPUTS_TABLE]
     if unknown:
         raise ValueError(f"unknown figure(s) {unknown}; choose from {list(OUTPUTS_TABLE)} or 'all'")
@@ -407,6 +414,8 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
         workers = 2 if (not quick and device.type == "cpu") else 1
     run = Run(out, quick=quick, device=device, seeds=seeds, compile=compile, reuse=reuse, workers=workers, log=log,
               grow=grow)
+    if everything:
+        run.tasks()   # the three tasks in one pool, before the first output asks for one of them
     for name in names:
         write, _ = OUTPUTS_TABLE[name]
         run.written[name] = write(run)

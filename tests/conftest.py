@@ -1,3 +1,4 @@
+import concurrent.futures
 import os
 import pathlib
 import subprocess
@@ -54,3 +55,27 @@ def built_book(tmp_path_factory):
     result = build_book(ROOT, output)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return output / "_build" / "html"
+
+
+class RecordingPool:
+    """Stands in for the process pool of icl_lens.training.loop.run_jobs (patched onto
+    ``loop.ProcessPoolExecutor``): runs each job in this process when it is submitted, and
+    records the order the latest pool was given its jobs in (``RecordingPool.submitted``)."""
+
+    submitted = []
+
+    def __init__(self, **_):
+        RecordingPool.submitted = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        return False
+
+    def submit(self, in_worker, function, job, threads):
+        # the job itself, without the worker's thread setting (this is the test's process)
+        future = concurrent.futures.Future()
+        future.set_result(function(*job, device="cpu"))
+        self.submitted.append(job)
+        return future

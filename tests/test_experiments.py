@@ -13,8 +13,9 @@ from icl_lens import verdicts
 from icl_lens.studies import section5, section5_claims
 from icl_lens.reproduce import FIGURES, OUTPUTS, experiment_config, quick_reproduction, reproduce
 from icl_lens.results import save_result
+from icl_lens.training import loop
 
-from conftest import ROOT
+from conftest import ROOT, RecordingPool
 
 KINDS = ("linear", "trigonometric", "exponential")
 
@@ -109,6 +110,28 @@ def test_worker_processes_train_the_same_models():
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-9, abs=1e-12), a["name"]
         assert a["test_loss_by_length"] == pytest.approx(b["test_loss_by_length"], rel=1e-9, abs=1e-12), a["name"]
     assert split["equivalence"].keys() == together["equivalence"].keys()
+
+
+def test_tasks_sharing_a_pool_train_what_separate_runs_train(monkeypatch):
+    """run_experiments gives each config the record that a run_experiment of its own gives, and
+    times its jobs; the pool is handed the jobs config by config in the order given, each
+    config's costlier part of a seed's variants (the maps and negative samples) first."""
+    monkeypatch.setattr(loop, "ProcessPoolExecutor", RecordingPool)
+    linear = section5.ExperimentConfig(epochs=2, tokens_per_epoch=12 * 16, seeds=(0, 1), test_sequences=4,
+                                       checkpoints=1)
+    trigonometric = replace(section5.trigonometric_experiment(), epochs=2, tokens_per_epoch=4 * 128, seeds=(0,),
+                            test_sequences=4, checkpoints=1)
+    records, seconds = section5.run_experiments([trigonometric, linear], progress=False, workers=2)
+    handed = [(job[0].task.kind, section5.ensemble_cost(job[1])) for job in RecordingPool.submitted]
+    assert [kind for kind, _ in handed] == ["trigonometric"] * 2 + ["linear"] * 4
+    for kind in ("trigonometric", "linear"):
+        costs = [cost for k, cost in handed if k == kind]
+        assert costs == sorted(costs, reverse=True) and costs[0] > costs[-1]
+    assert all(s > 0 for s in seconds)
+    assert records == [section5.run_experiment(config, progress=False, workers=2)
+                       for config in (trigonometric, linear)]
+    with pytest.raises(ValueError, match="variants"):
+        section5.run_experiments([linear], variants=[], progress=False)
 
 
 def test_shorter_runs_are_the_runs_of_their_own_length():

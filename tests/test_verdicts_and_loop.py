@@ -3,7 +3,6 @@
 imports another; each mechanism has one home)."""
 
 import ast
-import concurrent.futures
 import math
 import pathlib
 
@@ -13,6 +12,8 @@ import torch
 from icl_lens import verdicts
 from icl_lens.device import generator
 from icl_lens.training import loop
+
+from conftest import RecordingPool
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BAND = 0.01
@@ -130,40 +131,18 @@ def test_run_jobs_gives_the_same_results_in_worker_processes():
         loop.run_jobs(_scaled, jobs, workers=0)
 
 
-class _RecordingPool:
-    """Stands in for the process pool: runs each job when it is submitted, in that order."""
-
-    submitted = []
-
-    def __init__(self, **_):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *_):
-        return False
-
-    def submit(self, in_worker, function, job, threads):
-        # the job itself, without the worker's thread setting (this is the test's process)
-        future = concurrent.futures.Future()
-        future.set_result(function(*job, device="cpu"))
-        self.submitted.append(job)
-        return future
-
-
 def test_run_jobs_hands_out_the_longest_jobs_first(monkeypatch):
     """With a cost, the pool is given the jobs longest first (it hands them out in that order) and
     the results keep the jobs' order; without one, it is given them as they come."""
-    monkeypatch.setattr(loop, "ProcessPoolExecutor", _RecordingPool)
+    monkeypatch.setattr(loop, "ProcessPoolExecutor", RecordingPool)
     jobs = [(torch.ones(1), 1.0), (torch.ones(1), 3.0), (torch.ones(1), 2.0), (torch.ones(1), 3.0)]
     results = loop.run_jobs(_scaled, jobs, workers=2, cost=lambda job: job[1])
-    assert [job[1] for job in _RecordingPool.submitted] == [3.0, 3.0, 2.0, 1.0]
-    assert _RecordingPool.submitted[0] is jobs[1]   # equal costs keep their order
+    assert [job[1] for job in RecordingPool.submitted] == [3.0, 3.0, 2.0, 1.0]
+    assert RecordingPool.submitted[0] is jobs[1]   # equal costs keep their order
     assert [float(r) for r in results] == [1.0, 3.0, 2.0, 3.0]
-    _RecordingPool.submitted.clear()
+    RecordingPool.submitted.clear()
     loop.run_jobs(_scaled, jobs, workers=2)
-    assert [job[1] for job in _RecordingPool.submitted] == [1.0, 3.0, 2.0, 3.0]
+    assert [job[1] for job in RecordingPool.submitted] == [1.0, 3.0, 2.0, 3.0]
 
 
 def imported_modules(path):

@@ -21,6 +21,7 @@ training-free baselines of :mod:`icl_lens.baselines` are measured.
 """
 
 import math
+import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import TypedDict
 
@@ -359,12 +360,13 @@ def train_seeds(config, variants, seeds, compile=False, progress=True, position=
     """Train ``variants`` for ``seeds`` as one ensemble; return, per model (seed-major order), the
     per-epoch training losses, the test losses at the checkpoints and at the end of each run length
     of ``config.run_lengths``, and the equivalence curve and trained weights of each seed's first
-    normal model.
+    normal model; and the seconds the call took.
 
     With the "decay" schedule a run of L < epochs epochs shares the constant-rate part of the
     whole run, so it is copied off (weights and data streams) at the epoch where its own decay
     starts and trained from there: it is the run a separate call with ``epochs=L`` makes, at a
     ``decay_fraction`` of its cost."""
+    started = time.perf_counter()
     device = pick(device)
     dtype = getattr(torch, config.dtype)
     models = [(variant, seed) for seed in seeds for variant in variants]
@@ -415,9 +417,10 @@ def train_seeds(config, variants, seeds, compile=False, progress=True, position=
             continue
         equivalence[seed_key(seed)] = equivalence_curve(ensemble, normal, data, seed)
         trained[seed_key(seed)] = {name: getattr(ensemble, name)[normal].detach().cpu().tolist() for name in ("W_Q", "W_K", "W_V")}
+    context = measure_context_use(ensemble, data, tests, config.task)
     return {"train_loss": history.T.tolist(), "test_curve": tested.T.tolist(), "by_length": by_length.T.tolist(),
-            "equivalence": equivalence, "trained_normal": trained,
-            "context_use": measure_context_use(ensemble, data, tests, config.task)}
+            "equivalence": equivalence, "trained_normal": trained, "context_use": context,
+            "seconds": time.perf_counter() - started}   # for the log, not the record
 
 
 def measure_context_use(ensemble, data, tests, task):
@@ -460,6 +463,13 @@ def ensemble_cost(variants):
     return len(variants) * (1 + uses["value_map"] + uses["key_map"] + uses["negative"])
 
 
+# the order in which a pool shared by the three tasks (:func:`run_experiments`) takes their jobs:
+# the longest jobs first (a full run's exponential jobs take about 110-160 s, linear 110-120 s,
+# trigonometric 70-90 s; benchmarks/batched_training.py), so that the last ones are short and a
+# process that finishes early waits little for the other
+POOL_ORDER = ("exponential", "linear", "trigonometric")
+
+
 def run_experiment(config, *, device="cpu", progress=True, compile=False, variants=None, workers=1):
     """Train every variant of ``config`` for every seed; return a JSON-ready :class:`TaskRecord`.
 
@@ -479,17 +489,49 @@ def run_experiment(config, *, device="cpu", progress=True, compile=False, varian
     test set), and per seed the baselines of :func:`baseline_losses` on that test set and the
     trained W_Q, W_K, W_V of its normal model.
     """
-    variants = config.variants() if variants is None else variants
+    records, _ = run_experiments([config], device=device, progress=progress, compile=compile,
+                                 variants=None if variants is None else [variants], workers=workers)
+    return records[0]
+
+
+def run_experiments(configs, *, device="cpu", progress=True, compile=False, variants=None, workers=1):
+    """:func:`run_experiment` for several configs (the tasks of a full run) with one pool: the
+    jobs of every config go to the same ``workers`` processes, config by config in the order
+    given, each config's costliest first, so that no process waits for the other between two
+    configs and each spawns and imports once. ``variants``: None, or one list per config.
+
+    Returns (records, seconds): a :class:`TaskRecord` per config, and per config the seconds its
+    jobs took, summed over the jobs and divided by ``workers`` (its share of the pool's time; the
+    wall time of a config alone is not defined when its jobs overlap another's). The numbers are
+    those of a separate :func:`run_experiment` per config (every job is seeded)."""
     check_positive_int(workers, "workers")
-    if workers == 1:
-        jobs = [(config, variants, config.seeds, compile, progress, 0)]
-    else:
-        size = math.ceil(len(variants) / workers)
-        chunks = [variants[i : i + size] for i in range(0, len(variants), size)]
-        jobs = [(config, chunk, (seed,), compile, progress, i % workers)
-                for i, (seed, chunk) in enumerate((s, c) for s in config.seeds for c in chunks)]
-    parts = run_jobs(train_seeds, jobs, device=device, workers=workers, cost=lambda job: ensemble_cost(job[1]))
-    # parts come seed by seed and, within a seed, variant part by part: the order of ``models``
+    variants = [config.variants() for config in configs] if variants is None else variants
+    if len(variants) != len(configs):
+        raise ValueError(f"variants must hold one list per config, got {len(variants)} for {len(configs)} configs")
+    jobs, owner = [], []
+    for index, (config, listed) in enumerate(zip(configs, variants)):
+        if workers == 1:
+            parts = [(config, listed, config.seeds, compile, progress, 0)]
+        else:
+            size = math.ceil(len(listed) / workers)
+            chunks = [listed[i : i + size] for i in range(0, len(listed), size)]
+            parts = [(config, chunk, (seed,), compile, progress, i % workers)
+                     for i, (seed, chunk) in enumerate((s, c) for s in config.seeds for c in chunks)]
+        jobs += parts
+        owner += [index] * len(parts)
+    done = run_jobs(train_seeds, jobs, device=device, workers=workers,
+                    cost=lambda job: (-configs.index(job[0]), ensemble_cost(job[1])))
+    records, seconds = [], []
+    for index, (config, listed) in enumerate(zip(configs, variants)):
+        parts = [part for part, i in zip(done, owner) if i == index]
+        records.append(task_record(config, listed, parts, compile))
+        seconds.append(sum(part["seconds"] for part in parts) / workers)
+    return records, seconds
+
+
+def task_record(config, variants, parts, compile):
+    """The :class:`TaskRecord` of ``config`` from its jobs' results (:func:`train_seeds`), in the
+    jobs' order: seed by seed and, within a seed, variant part by part."""
     train_losses = [row for part in parts for row in part["train_loss"]]
     test_curves = [row for part in parts for row in part["test_curve"]]
     by_length = [row for part in parts for row in part["by_length"]]
@@ -631,20 +673,27 @@ def log_ratio(before, after):
 LONG_RUN = 2     # the convergence study trains the normal models this many times the saved run's epochs
 
 
-def convergence_study(kind, *, quick=False, epochs=None, device="cpu", workers=2, compile=True, progress=False):
-    """Only the normal model of each seed, at the task's settings, trained ``LONG_RUN`` times the
-    saved run's epochs (or ``epochs``), with the runs of 1/4, 1/2 and 3/4 of that length copied
-    off: does the loss, and the criterion's verdict, keep changing past the saved run's epochs?
-    The run of the saved run's length is the saved run's normal model (same seeds, data, schedule).
-    ``quick``: the task's quick sizes (:meth:`ExperimentConfig.quick`)."""
-    config = EXPERIMENTS[kind]().quick() if quick else EXPERIMENTS[kind]()
-    epochs = LONG_RUN * config.epochs if epochs is None else epochs
-    lengths = tuple(sorted({epochs * j // 4 for j in range(1, 4)} - {0, epochs}))
-    long = replace(config, epochs=epochs, checkpoints=min(epochs, 80), shorter_runs=lengths)
-    normal = [Variant("normal", Modification(), config.lr_normal)]
-    record = run_experiment(long, device=device, workers=workers, compile=compile, progress=progress,
-                            variants=normal)
-    return {"task": kind, "saved_run_epochs": config.epochs, "record": record, "criterion": criteria(record)}
+def convergence_studies(kinds, *, quick=False, epochs=None, device="cpu", workers=2, compile=True,
+                        progress=False):
+    """{kind: study} for each of ``kinds``: only the normal model of each seed, at the task's
+    settings, trained ``LONG_RUN`` times the saved run's epochs (or ``epochs``), with the runs of
+    1/4, 1/2 and 3/4 of that length copied off: does the loss, and the criterion's verdict, keep
+    changing past the saved run's epochs? The run of the saved run's length is the saved run's
+    normal model (same seeds, data, schedule). ``quick``: the task's quick sizes
+    (:meth:`ExperimentConfig.quick`). The tasks' jobs (one a seed) share one pool
+    (:func:`run_experiments`), so the processes stay busy across tasks."""
+    configs, longs = [], []
+    for kind in kinds:
+        config = EXPERIMENTS[kind]().quick() if quick else EXPERIMENTS[kind]()
+        length = LONG_RUN * config.epochs if epochs is None else epochs
+        lengths = tuple(sorted({length * j // 4 for j in range(1, 4)} - {0, length}))
+        configs.append(config)
+        longs.append(replace(config, epochs=length, checkpoints=min(length, 80), shorter_runs=lengths))
+    normal = [[Variant("normal", Modification(), config.lr_normal)] for config in configs]
+    records, _ = run_experiments(longs, device=device, workers=workers, compile=compile, progress=progress,
+                                 variants=normal)
+    return {kind: {"task": kind, "saved_run_epochs": config.epochs, "record": record, "criterion": criteria(record)}
+            for kind, config, record in zip(kinds, configs, records)}
 
 
 def criteria(record):
