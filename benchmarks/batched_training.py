@@ -18,7 +18,8 @@ means the step is already the unavoidable work; the ratio is the headroom. The o
 maps and negative samples cost more) are timed too, and the mean over the parts projects the
 training time of a full run (seeds over the worker processes), and with --full
 the whole `reproduce all` is timed against both projections (it also compiles, measures test
-losses, context use and baselines, and runs the studies of Figs. 6-9 and 14).
+losses, context use and baselines, and runs the studies of Figs. 6-9 and 14), and so are each
+task's jobs (their time over the workers) and the pool the three tasks share.
 Timings on a shared machine move; ratios measured in one run move less.
 """
 
