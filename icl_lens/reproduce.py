@@ -90,7 +90,8 @@ def check_output_folder(out):
 
 class Run:
     """One call's settings and what its outputs share, each computed (or, with ``reuse``, read from
-    ``out``) the first time an output asks for it."""
+    ``out``) the first time an output asks for it; ``reproduce all`` trains the three tasks
+    together (:meth:`tasks`) before its first output."""
 
     def __init__(self, out, *, quick, device, seeds, compile, reuse, workers, log, grow=False):
         self.out, self.quick, self.device, self.seeds = out, quick, device, seeds
@@ -120,13 +121,15 @@ class Run:
         elif missing:
             start = time.perf_counter()
             configs = [experiment_config(kind, quick=self.quick, seeds=self.seeds) for kind in missing]
-            records, seconds = section5.run_experiments(configs, device=self.device, progress=self.log is not None,
-                                                        compile=self.compile, workers=self.workers)
-            for kind, config, record, share in zip(missing, configs, records, seconds):
-                self._tasks[kind] = record
-                self.save(f"task_{kind}", f"task_{kind}", record)
-                self.say(f"{kind}: {len(record['models'])} models, {config.epochs} epochs, {share:.1f} s "
+
+            def finished(i, record, seconds):   # saved as soon as its jobs end, before the others
+                self._tasks[missing[i]] = record
+                self.save(f"task_{missing[i]}", f"task_{missing[i]}", record)
+                self.say(f"{missing[i]}: {len(record['models'])} models, {configs[i].epochs} epochs, {seconds:.1f} s "
                          f"(its jobs' time over {self.workers} worker(s))")
+
+            section5.run_experiments(configs, device=self.device, progress=self.log is not None,
+                                     compile=self.compile, workers=self.workers, finished=finished)
             self.say(f"{' + '.join(missing)} (one pool): {time.perf_counter() - start:.1f} s")
         return {kind: self._tasks[kind] for kind in kinds}
 

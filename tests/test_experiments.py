@@ -121,15 +121,41 @@ def test_tasks_sharing_a_pool_train_what_separate_runs_train(monkeypatch):
                                        checkpoints=1)
     trigonometric = replace(section5.trigonometric_experiment(), epochs=2, tokens_per_epoch=4 * 128, seeds=(0,),
                             test_sequences=4, checkpoints=1)
-    records, seconds = section5.run_experiments([trigonometric, linear], progress=False, workers=2)
+    ended = []
+    records, seconds = section5.run_experiments([trigonometric, linear], progress=False, workers=2,
+                                                finished=lambda *done: ended.append(done))
     handed = [(job[0].task.kind, section5.ensemble_cost(job[1])) for job in RecordingPool.submitted]
     assert [kind for kind, _ in handed] == ["trigonometric"] * 2 + ["linear"] * 4
     for kind in ("trigonometric", "linear"):
         costs = [cost for k, cost in handed if k == kind]
         assert costs == sorted(costs, reverse=True) and costs[0] > costs[-1]
     assert all(s > 0 for s in seconds)
+    # each config is handed on once, when its own jobs have ended (the stand-in pool ends them all
+    # at once, so in no particular order)
+    assert sorted(ended, key=lambda done: done[0]) == [(0, records[0], seconds[0]), (1, records[1], seconds[1])]
+    # two equal configs keep their places in the order given, the costlier second
+    plain = linear.variants()[:2]
+    mapped = [v for v in linear.variants() if v.group == "augmented"][:2]
+    section5.run_experiments([linear, linear], variants=[plain, mapped], progress=False, workers=2)
+    handed = [job[1][0] for job in RecordingPool.submitted]
+    assert handed[:4] == 2 * plain and handed[4:] == 2 * mapped
     assert records == [section5.run_experiment(config, progress=False, workers=2)
                        for config in (trigonometric, linear)]
+    # a failing job does not take the configs that have ended with it
+    train_seeds = section5.train_seeds
+
+    def failing(config, *args, **kwargs):
+        if config.task.kind == "linear":
+            raise RuntimeError("a linear job fails")
+        return train_seeds(config, *args, **kwargs)
+
+    monkeypatch.setattr(section5, "train_seeds", failing)
+    ended.clear()
+    with pytest.raises(RuntimeError, match="a linear job fails"):
+        section5.run_experiments([trigonometric, linear], progress=False, finished=lambda *done: ended.append(done))
+    assert [(i, record["task"], len(record["models"])) for i, record, _ in ended] == \
+        [(0, "trigonometric", len(records[0]["models"]))]
+    monkeypatch.setattr(section5, "train_seeds", train_seeds)
     with pytest.raises(ValueError, match="variants"):
         section5.run_experiments([linear], variants=[], progress=False)
 

@@ -140,9 +140,12 @@ def test_run_jobs_hands_out_the_longest_jobs_first(monkeypatch):
     assert [job[1] for job in RecordingPool.submitted] == [3.0, 3.0, 2.0, 1.0]
     assert RecordingPool.submitted[0] is jobs[1]   # equal costs keep their order
     assert [float(r) for r in results] == [1.0, 3.0, 2.0, 3.0]
-    RecordingPool.submitted.clear()
     loop.run_jobs(_scaled, jobs, workers=2)
     assert [job[1] for job in RecordingPool.submitted] == [1.0, 3.0, 2.0, 3.0]
+    for workers in (1, 2):   # each job's result is handed on as it ends, with its place in jobs
+        ended = []
+        loop.run_jobs(_scaled, jobs, workers=workers, done=lambda i, result: ended.append((i, float(result))))
+        assert sorted(ended) == [(0, 1.0), (1, 3.0), (2, 2.0), (3, 3.0)]
 
 
 def imported_modules(path):

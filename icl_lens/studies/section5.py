@@ -494,11 +494,14 @@ def run_experiment(config, *, device="cpu", progress=True, compile=False, varian
     return records[0]
 
 
-def run_experiments(configs, *, device="cpu", progress=True, compile=False, variants=None, workers=1):
+def run_experiments(configs, *, device="cpu", progress=True, compile=False, variants=None, workers=1,
+                    finished=None):
     """:func:`run_experiment` for several configs (the tasks of a full run) with one pool: the
     jobs of every config go to the same ``workers`` processes, config by config in the order
     given, each config's costliest first, so that no process waits for the other between two
     configs and each spawns and imports once. ``variants``: None, or one list per config.
+    ``finished(i, record, seconds)``, where given, is called as soon as config ``i``'s jobs have
+    all ended (to save its record before the others end).
 
     Returns (records, seconds): a :class:`TaskRecord` per config, and per config the seconds its
     jobs took, summed over the jobs and divided by ``workers`` (its share of the pool's time; the
@@ -519,13 +522,21 @@ def run_experiments(configs, *, device="cpu", progress=True, compile=False, vari
                      for i, (seed, chunk) in enumerate((s, c) for s in config.seeds for c in chunks)]
         jobs += parts
         owner += [index] * len(parts)
-    done = run_jobs(train_seeds, jobs, device=device, workers=workers,
-                    cost=lambda job: (-configs.index(job[0]), ensemble_cost(job[1])))
-    records, seconds = [], []
-    for index, (config, listed) in enumerate(zip(configs, variants)):
-        parts = [part for part, i in zip(done, owner) if i == index]
-        records.append(task_record(config, listed, parts, compile))
-        seconds.append(sum(part["seconds"] for part in parts) / workers)
+    # ranked by the job object itself, so that two equal configs keep their own places
+    rank = {id(job): (-index, ensemble_cost(job[1])) for job, index in zip(jobs, owner)}
+    results, records, seconds = [None] * len(jobs), [None] * len(configs), [None] * len(configs)
+
+    def collect(i, result):
+        results[i] = result
+        index = owner[i]
+        parts = [results[j] for j in range(len(jobs)) if owner[j] == index]
+        if all(part is not None for part in parts):
+            records[index] = task_record(configs[index], variants[index], parts, compile)
+            seconds[index] = sum(part["seconds"] for part in parts) / workers
+            if finished is not None:
+                finished(index, records[index], seconds[index])
+
+    run_jobs(train_seeds, jobs, device=device, workers=workers, cost=lambda job: rank[id(job)], done=collect)
     return records, seconds
 
 

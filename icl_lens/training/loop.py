@@ -12,7 +12,7 @@ longer one there (:func:`fork_point`, :func:`fork`) and costs ``decay_fraction``
 import copy
 import math
 import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import torch
 
@@ -188,16 +188,23 @@ def train(model, data, *, steps, epochs, lr, step_errors, schedule=None, first_e
     return torch.stack(history) if history else torch.empty(0, len(model.seeds), dtype=torch.float64)
 
 
-def run_jobs(function, jobs, *, device="cpu", workers=1, cost=None):
+def run_jobs(function, jobs, *, device="cpu", workers=1, cost=None, done=None):
     """``[function(*job, device=device) for job in jobs]``; with ``workers > 1`` (CPU only) in that
     many spawned processes that share the CPU's threads equally. Every draw of the studies is
     seeded, so a job gives the same numbers in any process and in any order. ``cost(job)``, where
     given, ranks the jobs by how long they take: the workers take the longest first, so that none
-    is left with a long job at the end while the others wait; the results keep the jobs' order."""
+    is left with a long job at the end while the others wait; the results keep the jobs' order.
+    ``done(i, result)``, where given, is called in this process as each job ends (job ``i`` of
+    ``jobs``, in the order they end), so that a caller can save what is finished before the rest."""
     check_positive_int(workers, "workers")
     device = pick(device)
+    results = [None] * len(jobs)
     if workers == 1:
-        return [function(*job, device=device) for job in jobs]
+        for i, job in enumerate(jobs):
+            results[i] = function(*job, device=device)
+            if done is not None:
+                done(i, results[i])
+        return results
     if device.type != "cpu":
         raise ValueError(f"workers > 1 trains on the CPU; use workers=1 with device={str(device)!r}")
     threads = max(1, torch.get_num_threads() // workers)
@@ -205,8 +212,13 @@ def run_jobs(function, jobs, *, device="cpu", workers=1, cost=None):
     order = sorted(range(len(jobs)), key=lambda i: cost(jobs[i]), reverse=True) if cost else range(len(jobs))
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         # the pool hands out jobs in the order they are submitted
-        futures = {i: pool.submit(_in_worker, function, jobs[i], threads) for i in order}
-        return [futures[i].result() for i in range(len(jobs))]
+        futures = {pool.submit(_in_worker, function, jobs[i], threads): i for i in order}
+        for future in as_completed(futures):
+            i = futures[future]
+            results[i] = future.result()
+            if done is not None:
+                done(i, results[i])
+    return results
 
 
 def _in_worker(function, job, threads):
