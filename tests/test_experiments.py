@@ -155,7 +155,6 @@ def test_tasks_sharing_a_pool_train_what_separate_runs_train(monkeypatch):
         section5.run_experiments([trigonometric, linear], progress=False, finished=lambda *done: ended.append(done))
     assert [(i, record["task"], len(record["models"])) for i, record, _ in ended] == \
         [(0, "trigonometric", len(records[0]["models"]))]
-    monkeypatch.setattr(section5, "train_seeds", train_seeds)
     with pytest.raises(ValueError, match="variants"):
         section5.run_experiments([linear], variants=[], progress=False)
 

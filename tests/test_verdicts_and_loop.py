@@ -132,11 +132,13 @@ def test_run_jobs_gives_the_same_results_in_worker_processes():
 
 
 def test_run_jobs_hands_out_the_longest_jobs_first(monkeypatch):
-    """With a cost, the pool is given the jobs longest first (it hands them out in that order) and
+    """With costs, the pool is given the jobs longest first (it hands them out in that order) and
     the results keep the jobs' order; without one, it is given them as they come."""
     monkeypatch.setattr(loop, "ProcessPoolExecutor", RecordingPool)
     jobs = [(torch.ones(1), 1.0), (torch.ones(1), 3.0), (torch.ones(1), 2.0), (torch.ones(1), 3.0)]
-    results = loop.run_jobs(_scaled, jobs, workers=2, cost=lambda job: job[1])
+    with pytest.raises(ValueError, match="costs"):
+        loop.run_jobs(_scaled, jobs, workers=2, costs=[1.0])
+    results = loop.run_jobs(_scaled, jobs, workers=2, costs=[job[1] for job in jobs])
     assert [job[1] for job in RecordingPool.submitted] == [3.0, 3.0, 2.0, 1.0]
     assert RecordingPool.submitted[0] is jobs[1]   # equal costs keep their order
     assert [float(r) for r in results] == [1.0, 3.0, 2.0, 3.0]

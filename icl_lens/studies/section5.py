@@ -522,8 +522,6 @@ def run_experiments(configs, *, device="cpu", progress=True, compile=False, vari
                      for i, (seed, chunk) in enumerate((s, c) for s in config.seeds for c in chunks)]
         jobs += parts
         owner += [index] * len(parts)
-    # ranked by the job object itself, so that two equal configs keep their own places
-    rank = {id(job): (-index, ensemble_cost(job[1])) for job, index in zip(jobs, owner)}
     results, records, seconds = [None] * len(jobs), [None] * len(configs), [None] * len(configs)
 
     def collect(i, result):
@@ -536,7 +534,9 @@ def run_experiments(configs, *, device="cpu", progress=True, compile=False, vari
             if finished is not None:
                 finished(index, records[index], seconds[index])
 
-    run_jobs(train_seeds, jobs, device=device, workers=workers, cost=lambda job: rank[id(job)], done=collect)
+    # config by config (two equal configs keep their places), each config's costliest first
+    costs = [(-index, ensemble_cost(job[1])) for job, index in zip(jobs, owner)]
+    run_jobs(train_seeds, jobs, device=device, workers=workers, costs=costs, done=collect)
     return records, seconds
 
 

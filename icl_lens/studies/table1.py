@@ -194,8 +194,9 @@ def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1, p
     jobs += [(study, "normal", seed, study.check_epochs, shown) for seed in study.seeds]
     done = reusable_runs(study, previous) if previous else {}
     # a run's time grows with its epochs: the longest are handed out first
-    trained = iter(run_jobs(fine_tune_one, [job for job in jobs if job[1:4] not in done],
-                            device=device, workers=workers, cost=lambda job: job[3]))
+    pending = [job for job in jobs if job[1:4] not in done]
+    trained = iter(run_jobs(fine_tune_one, pending, device=device, workers=workers,
+                            costs=[job[3] for job in pending]))
     runs = [done[job[1:4]] if job[1:4] in done else next(trained) for job in jobs]
     metric = TASKS[study.task][3][0]
     record = {"study": {**asdict(study), "settings": list(study.settings), "seeds": list(study.seeds),

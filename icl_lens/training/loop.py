@@ -188,15 +188,18 @@ def train(model, data, *, steps, epochs, lr, step_errors, schedule=None, first_e
     return torch.stack(history) if history else torch.empty(0, len(model.seeds), dtype=torch.float64)
 
 
-def run_jobs(function, jobs, *, device="cpu", workers=1, cost=None, done=None):
+def run_jobs(function, jobs, *, device="cpu", workers=1, costs=None, done=None):
     """``[function(*job, device=device) for job in jobs]``; with ``workers > 1`` (CPU only) in that
     many spawned processes that share the CPU's threads equally. Every draw of the studies is
-    seeded, so a job gives the same numbers in any process and in any order. ``cost(job)``, where
-    given, ranks the jobs by how long they take: the workers take the longest first, so that none
-    is left with a long job at the end while the others wait; the results keep the jobs' order.
+    seeded, so a job gives the same numbers in any process and in any order. ``costs``, where
+    given, ranks the jobs by how long they take (one sortable value a job, in the jobs' order): the
+    workers take the longest first, so that none is left with a long job at the end while the
+    others wait; the results keep the jobs' order.
     ``done(i, result)``, where given, is called in this process as each job ends (job ``i`` of
     ``jobs``, in the order they end), so that a caller can save what is finished before the rest."""
     check_positive_int(workers, "workers")
+    if costs is not None and len(costs) != len(jobs):
+        raise ValueError(f"costs must hold one value a job, got {len(costs)} for {len(jobs)} jobs")
     device = pick(device)
     results = [None] * len(jobs)
     if workers == 1:
@@ -209,7 +212,7 @@ def run_jobs(function, jobs, *, device="cpu", workers=1, cost=None, done=None):
         raise ValueError(f"workers > 1 trains on the CPU; use workers=1 with device={str(device)!r}")
     threads = max(1, torch.get_num_threads() // workers)
     # a stable sort: jobs of one cost keep their order
-    order = sorted(range(len(jobs)), key=lambda i: cost(jobs[i]), reverse=True) if cost else range(len(jobs))
+    order = sorted(range(len(jobs)), key=lambda i: costs[i], reverse=True) if costs else range(len(jobs))
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         # the pool hands out jobs in the order they are submitted
         futures = {pool.submit(_in_worker, function, jobs[i], threads): i for i in order}
