@@ -195,6 +195,8 @@ def test_quick_study_end_to_end_pairs_every_setting_with_its_seed():
     for run in record["runs"]:
         assert len(run["validation"]) == run["epochs"] and all(math.isfinite(x) for x in run["train_loss"])
     assert 0 <= record["baselines"]["linear probe"] <= 1
+    # the probe of quick mode's randomly drawn tiny BERT is the same every time
+    assert table1.linear_probe(study) == table1.linear_probe(study)
     # the normal model of a seed is one run: trained again it gives the same numbers (paired controls)
     again = table1.fine_tune_one(study, "normal", 0, study.epochs, device=torch.device("cpu"))
     first = next(r for r in record["runs"] if r["setting"] == "normal" and r["seed"] == 0 and r["epochs"] == 1)

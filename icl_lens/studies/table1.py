@@ -141,6 +141,9 @@ def linear_probe(study, device="cpu"):
     pair features), fitted by L-BFGS with a small weight decay. Returns its validation metrics."""
     config = study.glue_config("normal", study.epochs)
     train, validation = load_data(config)
+    # quick mode's tiny BERT is drawn at random: the same draw every call (the checkpoint's encoder
+    # draws nothing; only its unused classification head does)
+    torch.manual_seed(0)
     model, tokenizer = classifier(study, config, 2)
     encoder = model.bert.to(pick(device)).eval()
 
