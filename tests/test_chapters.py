@@ -5,8 +5,12 @@ the working directory set to the chapter's folder, as the book build does. The t
 ICL_LENS_QUICK=1, so chapters use their quick sizes.
 """
 
+import asyncio
 import os
 import pathlib
+import sys
+import time
+from queue import Empty
 
 import jupytext
 import nbclient
@@ -14,6 +18,11 @@ import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "book" / "_ext"))
+from kernel_replies import SLICE, read_replies_in_slices, sliced  # noqa: E402
+
+# as in the book build: a missed wake-up holds a cell for a second, not for its timeout
+read_replies_in_slices()
 # per cell, seconds: quick-mode cells take seconds, so a stuck kernel fails fast here
 CELL_TIMEOUT = int(os.environ.get("CHAPTER_TIMEOUT", "300"))
 
@@ -40,6 +49,33 @@ def test_every_toc_entry_exists_and_chapters_are_found():
     missing = [str(path) for path in toc_files() if not path.exists()]
     assert not missing, missing
     assert len(CHAPTERS) >= 3
+
+
+def test_kernel_messages_are_waited_for_in_slices():
+    """A wait for a kernel message is cut into waits of at most SLICE seconds (a missed wake-up
+    then costs a second, not the cell's timeout), returns the message when it comes, and still
+    raises Empty when the caller's timeout ends."""
+    waits = []
+
+    async def get_msg(channel, timeout=None):
+        waits.append(timeout)
+        if len(waits) < 3:
+            raise Empty
+        return "reply"
+
+    assert asyncio.run(sliced(get_msg)(None, timeout=300)) == "reply"
+    assert len(waits) == 3 and max(waits) <= SLICE
+    waits.clear()
+
+    async def silent(channel, timeout=None):
+        waits.append(timeout)
+        await asyncio.sleep(timeout)
+        raise Empty
+
+    start = time.monotonic()
+    with pytest.raises(Empty):
+        asyncio.run(sliced(silent)(None, timeout=0.3))
+    assert 0.3 <= time.monotonic() - start < 0.3 + SLICE and waits[0] == pytest.approx(0.3, abs=0.01)
 
 
 def execute(path, working_directory):

@@ -12,11 +12,15 @@
    as reStructuredText: ``plain_docstring`` escapes the characters that reStructuredText would take
    as markup and turns indented formula lines into literal blocks, so that they show as written; a
    module's ``Chapters:`` paragraph is left out (the page's "Used in" line shows it, ``api_page.py``).
+5. The chapters run in this process (MyST-NB's nbclient): its kernel channels wait in slices of a
+   second, so a missed wake-up cannot hold a cell for its whole timeout (``kernel_replies.py``).
 """
 
 import pathlib
 import re
 import shutil
+
+from kernel_replies import read_replies_in_slices
 
 HERE = pathlib.Path(__file__).resolve().parent
 FONT_SUFFIXES = {".woff", ".woff2", ".ttf", ".eot", ".svg"}
@@ -119,6 +123,7 @@ def plain_docstring(app, what, name, obj, options, lines):
 
 
 def setup(app):
+    read_replies_in_slices()
     app.connect("build-finished", fix_pages)
     app.connect("autodoc-process-docstring", plain_docstring)
     app.connect("builder-inited", lambda app: app.config.html_static_path.append(str(HERE / "static")))
