@@ -78,14 +78,14 @@ def load_trained_weights(ensemble, kind):
             getattr(ensemble, name).copy_(weight.expand_as(getattr(ensemble, name)))
 
 
-def training(config, *, threads, compiled, index=0, trained=False, ensemble=AttentionEnsemble):
+def training(config, *, threads, compiled, index=0, trained=False, ensemble_class=AttentionEnsemble):
     """A function that trains one epoch of STEPS steps of part ``index`` of one seed's variants
-    (an ``ensemble`` of them: benchmarks/fused_random_features.py passes its own class); with
+    (an ``ensemble_class`` of them: benchmarks/fused_random_features.py passes its own); with
     ``trained``, every model starts from the saved run's trained W_Q, W_K, W_V and the learning
     rate is 0, so that every step is a step of a trained layer."""
     torch.set_num_threads(threads)
     variants = part(config, index)
-    ensemble = ensemble(config.layer, [v.modification for v in variants], [config.seeds[0]] * len(variants))
+    ensemble = ensemble_class(config.layer, [v.modification for v in variants], [config.seeds[0]] * len(variants))
     data = task_data(config.task, config.seeds[:1])
     lr = torch.tensor([v.lr for v in variants])
     if trained:

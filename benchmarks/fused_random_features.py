@@ -44,7 +44,7 @@ KERNEL = r"""
 
 using Vec = at::vec::Vectorized<float>;
 constexpr int LANES = Vec::size();
-constexpr int MAX_DIM = 16;                  // the accumulators a token holds in the backward pass
+// MAX_DIM (the accumulators a token holds in the backward pass) and PADDING come from Python
 constexpr int FORWARD_ROWS = 4, BACKWARD_ROWS = 2;
 const float MINUS_INF = -std::numeric_limits<float>::infinity();
 
@@ -117,9 +117,9 @@ static void check_inputs(const torch::Tensor& x, const torch::Tensor& omega_t, i
                 "x and omega_t must be contiguous 3-d float32 tensors on the cpu");
   }
   TORCH_CHECK(x.size(2) <= MAX_DIM, "x's last dimension must be at most ", MAX_DIM, ", got ", x.size(2));
-  TORCH_CHECK(omega_t.size(0) == x.size(0) && omega_t.size(1) == x.size(2) && omega_t.size(2) % 16 == 0
+  TORCH_CHECK(omega_t.size(0) == x.size(0) && omega_t.size(1) == x.size(2) && omega_t.size(2) % PADDING == 0
               && 0 < features && features <= omega_t.size(2),
-              "omega_t must be (models, d, a multiple of 16 >= features) for x (models, tokens, d)");
+              "omega_t must be (models, d, a multiple of ", PADDING, " >= features) for x (models, tokens, d)");
 }
 
 // x (models, tokens, d), omega_t (models, d, padded): logsumexp_r(x . omega_r) (models, tokens)
@@ -164,8 +164,8 @@ torch::Tensor backward(torch::Tensor grad, torch::Tensor x, torch::Tensor omega_
   return grad_x;
 }
 """
-MAX_DIM = 16
-LANES = 16   # omega's feature axis is padded to a multiple of 16 floats (AVX-512; AVX2 holds 8)
+MAX_DIM = 16   # the largest token dimension d the kernel takes
+PADDING = 16   # omega's feature axis is padded to a multiple of this many floats (AVX-512's width; AVX2 holds 8)
 
 
 def build():
@@ -175,7 +175,7 @@ def build():
             sys.exit(f"this benchmark builds a C++ kernel and needs {tool} on the PATH")
     # ATen's vector types for the instruction set this CPU runs ATen's own kernels with
     capability = torch.backends.cpu.get_cpu_capability()
-    flags = ["-O3", "-march=native"]
+    flags = ["-O3", "-march=native", f"-DMAX_DIM={MAX_DIM}", f"-DPADDING={PADDING}"]
     if capability in ("AVX512", "AVX2"):
         flags += [f"-DCPU_CAPABILITY_{capability}", f"-DCPU_CAPABILITY={capability}"]
     return load_inline(f"icl_lens_fused_random_features_{capability.lower()}", cpp_sources=[KERNEL],
@@ -227,11 +227,11 @@ class RandomFeatureLogSumExp(torch.autograd.Function):
 
 
 def padded_transpose(omega):
-    """omega (models, d_r, d) -> (models, d, d_r rounded up to LANES), the padding never read as a feature."""
+    """omega (models, d_r, d) -> (models, d, d_r rounded up to PADDING), the padding never read as a feature."""
     models, features, d = omega.shape
     if d > MAX_DIM:
         raise ValueError(f"omega's token dimension must be at most {MAX_DIM}, got {d}")
-    omega_t = omega.new_zeros(models, d, -(-features // LANES) * LANES)
+    omega_t = omega.new_zeros(models, d, -(-features // PADDING) * PADDING)
     omega_t[:, :, :features] = omega.transpose(1, 2)
     return omega_t
 
@@ -294,7 +294,7 @@ def step_times(config, index, repeats=3):
         raise ValueError("the ridge layer needs random features: time parts without it")
     softmax = dataclasses.replace(config, kernel="softmax")
     runs = {name: batched_training.training(setting, threads=1, compiled=True, index=index, trained=True,
-                                            ensemble=ensemble)
+                                            ensemble_class=ensemble)
             for name, setting, ensemble in (("as the package", config, AttentionEnsemble),
                                             ("fused", config, FusedEnsemble),
                                             ("softmax", softmax, AttentionEnsemble))}
