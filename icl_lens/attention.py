@@ -22,6 +22,7 @@ from icl_lens.validation import (
     check_last_dim,
     check_matrix,
     check_positive_float,
+    check_batch_shapes,
     check_rank_at_least,
     check_same_device_and_dtype,
 )
@@ -33,6 +34,9 @@ def queries_and_keys(queries_in, context, W_Q, W_K, scale=None):
         as_tensor(tensor, name)
         check_rank_at_least(tensor, name, 2)
     d_in = context.shape[-1]
+    if context.shape[-2] < 1:
+        raise ValueError(f"context must hold at least one token, got shape {tuple(context.shape)}")
+    check_batch_shapes([("queries_in", queries_in), ("context", context)])
     check_last_dim(queries_in, "queries_in", d_in, "the token dimension of context")
     check_matrix(W_K, "W_K", (None, d_in))
     check_matrix(W_Q, "W_Q", (W_K.shape[0], d_in))

@@ -18,7 +18,7 @@ All functions are batched over leading dimensions: ``x_context`` (..., N, d), ``
 
 import torch
 
-from icl_lens.validation import as_tensor
+from icl_lens.validation import as_tensor, check_finite_number, check_positive_float
 
 
 def check_prompts(x_context, y_context, x_query):
@@ -52,8 +52,7 @@ def nadaraya_watson(x_context, y_context, x_query, temperature):
     """Softmax attention on the raw inputs with a Gaussian kernel: weights
     softmax_i(-|x_q - x_i|^2 / temperature). Large temperatures give the context mean."""
     x_context, y_context, x_query = check_prompts(x_context, y_context, x_query)
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    check_positive_float(temperature, "temperature")
     distances = ((x_context - x_query.unsqueeze(-2)) ** 2).sum(-1)
     return (torch.softmax(-distances / temperature, dim=-1) * y_context).sum(-1)
 
@@ -69,6 +68,7 @@ def one_step_gd(x_context, y_context, x_query, lr):
     """One gradient step from w = 0 on (1/2N) sum_i (w . x_i - y_i)^2, then predict w . x_q:
     w_1 = (lr / N) sum_i y_i x_i."""
     x_context, y_context, x_query = check_prompts(x_context, y_context, x_query)
+    check_finite_number(lr, "lr")
     return lr * gradient_direction(x_context, y_context, x_query)
 
 
@@ -94,7 +94,7 @@ def least_squares(x_context, y_context, x_query, ridge=0.0, *, intercept=False):
     ``intercept``). With ridge = 0 it is the minimum-norm solution, which fits the context exactly
     when N <= d; the intercept, when asked for, is a column of ones and is regularised too."""
     x_context, y_context, x_query = check_prompts(x_context, y_context, x_query)
-    if ridge < 0:
+    if check_finite_number(ridge, "ridge") < 0:
         raise ValueError(f"ridge must be >= 0, got {ridge}")
     if intercept:
         x_context = torch.cat([x_context, torch.ones_like(x_context[..., :1])], dim=-1)

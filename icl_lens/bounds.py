@@ -25,7 +25,7 @@ import torch
 from icl_lens import tasks
 from icl_lens.device import generator as make_generator
 from icl_lens.kernels import PositiveRandomFeatures, draw_omega
-from icl_lens.validation import as_tensor, check_positive_float, check_positive_int
+from icl_lens.validation import as_tensor, check_finite_number, check_open_unit, check_positive_float, check_positive_int
 
 
 # --- the empirical problem ----------------------------------------------------------------------------
@@ -262,6 +262,9 @@ def hoeffding_tail(N, t, rho):
     """Exact P(mean of N losses - their expectation >= t) for losses equal to +rho^2 or -rho^2 with
     probability 1/2 each: the worst case for Hoeffding's inequality on [-rho^2, rho^2], by a
     binomial sum (float64, log-space)."""
+    check_positive_int(N, "N")
+    rho = check_positive_float(rho, "rho")
+    t = check_finite_number(t, "t")
     k = torch.arange(N + 1, dtype=torch.float64)
     log_probabilities = (torch.lgamma(torch.tensor(N + 1.0, dtype=torch.float64)) - torch.lgamma(k + 1)
                          - torch.lgamma(N - k + 1) - N * math.log(2))
@@ -273,6 +276,9 @@ def hoeffding_tail(N, t, rho):
 def hoeffding_deviation(N, delta, rho):
     """t with P(mean - expectation >= t) <= delta for losses in [-rho^2, rho^2] (range 2 rho^2):
     Hoeffding gives t = 2 rho^2 sqrt(log(1/delta) / (2N))."""
+    check_positive_int(N, "N")
+    check_open_unit(delta, "delta")
+    rho = check_positive_float(rho, "rho")
     return 2 * rho**2 * math.sqrt(math.log(1 / delta) / (2 * N))
 
 

@@ -1,14 +1,17 @@
-"""Every empirical claim of both papers in one table: the verdicts each study saved beside its
-record, read into one set of fields and one vocabulary (agrees, disagrees, partly, inconclusive).
+"""Every empirical claim of both papers in one table: the decisions each study saved beside its
+record (all made by :mod:`icl_lens.statistics`), read into one set of fields, with the family
+correction across every row and, for each inconclusive row, the seeds it would need.
 
 Chapters: claims, intro.
 
-A row (:class:`Row`) says where the paper makes the claim, the claim in our words, what was
-measured and by which rule, the verdict, the effect with its interval and the band an effect must
-leave, the margin by which the verdict's condition held (negative: by how much the nearest
-decisive condition was missed), the seeds, and for an inconclusive paired comparison a rough
-count of the seeds a decisive verdict would need. Nothing here judges a claim: the studies did
-(:mod:`icl_lens.verdicts` holds their rules); this module only reads what they saved.
+A row (:class:`Row`) says where the paper makes the claim and quotes it, the claim in our words,
+its kind (directional, slightly, comparable, not beyond, or a threshold of its own) and whether it
+is about every setting it names or some one; the verdict; the effect in the paper's direction
+(positive: as the paper says) with its one-sided 95% sign-test bounds and their achieved
+coverage; n; the p-value of the test that decided it (or came nearest); the Benjamini-Yekutieli
+adjusted p over the family of all rows that can pass (:func:`icl_lens.statistics.family_adjusted`);
+for an inconclusive row why, and the seeds a decision would need by simulation (a lower bound).
+Nothing here judges a claim: the studies did; this module only collects and corrects.
 """
 
 import json
@@ -16,90 +19,85 @@ import math
 from pathlib import Path
 from typing import TypedDict
 
-import torch
-
+from icl_lens import statistics
 from icl_lens.results import load_result, repository_root, save_result
 from icl_lens.studies import across_tasks, li_et_al, section5, section5_claims, table1
-from icl_lens import verdicts
-from icl_lens.verdicts import improvement_interval
 
-VOCABULARY = ("agrees", "disagrees", "partly", "inconclusive")
-FIELDS = ("id", "paper", "where", "claim", "quantity", "rule", "verdict", "effect", "unit", "interval",
-          "band", "margin", "seeds", "seeds_apart", "seeds_needed", "section", "reading", "context",
-          "without_temperature")
-Z = 1.96   # the 95% level of the studies' intervals
-RULE_FORMS = ("helps", "hurts", "no gain", "not worse", "comparable")
-# Section 5's rules that compare against another model than the normal one, by the rule they apply
-SECTION5_RULES = {"worse-than-single": "hurts", "not-worse-than-more": "not worse"}
+VOCABULARY = statistics.VERDICTS
+FIELDS = ("id", "paper", "where", "claim", "sentence", "task", "quantity", "kind", "scope", "compared", "verdict",
+          "effect", "lower", "upper", "coverage", "unit", "band", "n", "p", "p_family", "survives_family",
+          "cannot_decide", "why", "seeds_needed", "seeds_apart", "noise_floor", "at_budget", "other_reading",
+          "section", "reading", "context", "without_temperature")
+KIND_TEXT = {"directional": "directional: L > 0 and effect >= band agrees, U < band disagrees",
+             "slightly": "slightly: L > 0 agrees, U <= 0 disagrees",
+             "comparable": "comparable: -band < L and U < band agrees (two one-sided tests), L > band or U < -band "
+                           "disagrees (each at 0.025)",
+             "not beyond": "not beyond the band: U < band agrees, L > 0 and effect >= band disagrees",
+             "unstable": "unstable: exact McNemar test agrees; share of seeds unstable only with the variant "
+                         "below 0.1 (exact upper bound) disagrees"}
+SECTIONS = {"linear": "experiments", "trigonometric": "experiments", "exponential": "experiments"}
 
 
 class Row(TypedDict):
     id: str
     paper: str                     # "R&L" or "Li et al."
-    where: str                     # section, figure or table of the paper
+    where: str                     # section, figure or table of the paper (and its version for Li et al.)
     claim: str                     # the claim in our words
-    quantity: str                  # what is measured: "final" (end of training) or "speed"
-    rule: str                      # the rule that turned the measurement into the verdict
+    sentence: str                  # the paper's sentence, quoted ("" where the claim reads a figure)
+    task: str
+    quantity: str                  # "final", "speed", "speed, early", "speed, late", "over training"
+    kind: str                      # a kind of :mod:`icl_lens.statistics`, "unstable", or a threshold's name
+    scope: str | None              # "every" or "some" setting (comparative rows)
+    compared: str | None           # the models that decide the row
     verdict: str                   # one of VOCABULARY
-    effect: float | None           # the measured effect, in ``unit``
+    effect: float | None           # in the paper's direction (positive: as the paper says), in ``unit``
+    lower: float | None            # one-sided 95% sign-test bounds of the effect (None below 5 seeds)
+    upper: float | None
+    coverage: float | None         # achieved coverage of each bound at n (>= 0.95)
     unit: str
-    interval: list | None          # 95% interval of the effect (paired comparisons only)
-    band: float | None             # the no-effect band (or tolerance) the rule reads against
-    margin: float | None           # slack of the verdict's condition (< 0: how far it was missed);
-                                   # Section 5: of the verdict at the end of training
-    seeds: int | None              # the seeds that decide the verdict
-    seeds_apart: dict | None       # Section 5: {seed: why it cannot decide} (screen, chaos)
-    seeds_needed: int | None       # inconclusive paired comparisons: seeds to settle it
-    section: str                   # the chapter that shows it
+    band: float | None             # the no-effect band (or the threshold) the rule reads against
+    n: int | None                  # the seeds (or layers) that decide
+    p: float | None                # the p-value of the test that decided the row (or came nearest)
+    p_family: float | None         # Benjamini-Yekutieli adjusted p (None: outside the family)
+    survives_family: bool | None   # a decisive row whose adjusted p is <= 0.05
+    cannot_decide: bool            # the smallest p attainable at n (and the Bonferroni factor) exceeds 0.05
+    why: str | None                # for an inconclusive row: why
+    seeds_needed: int | None       # inconclusive comparative rows: simulated seeds (lower bound; None: > 100)
+    seeds_apart: dict | None       # Section 5: {seed: why it cannot vote}, decided before training
+    noise_floor: float | None      # Section 5: median |twin - normal| on the claim's measure
+    at_budget: str | None          # a final result on a task whose normal model has not converged
+    other_reading: str | None      # Section 5 alpha rows: the constant reading's verdict (outside the counts)
+    section: str                   # the chapter (and anchor) that shows it
     reading: str                   # the measurement in the study's own words
     context: str | None            # Section 5: how the variant differs in context use
     without_temperature: str | None   # Section 5: the verdict with q and k left unscaled
 
 
-def margin(rule, interval, band, *, lower_is_better=True, verdict=None, effect=None):
-    """The slack of the condition that gave ``verdict`` under ``rule`` (see
-    :mod:`icl_lens.verdicts`), in the effect's units; for an inconclusive verdict, the largest
-    (negative) slack among the decisive conditions: how far the nearest one was missed. With the
-    median ``effect``, "agrees" under helps / hurts also needs it beyond the band."""
-    if interval is None or None in interval or any(math.isinf(x) for x in interval):
-        return None
-    low, high = improvement_interval(interval, lower_is_better)
-    spread = max(abs(low), abs(high))
-    gain = None if effect is None else (-effect if lower_is_better else effect)
-    if rule == "hurts":
-        low, high = -high, -low
-        gain = None if gain is None else -gain
-    if rule in ("helps", "hurts"):
-        agree = low if gain is None else min(low, gain - band)
-        slack = {"agrees": [agree], "disagrees": [-high, band - spread]}
-    elif rule == "no gain":
-        slack = {"disagrees": [low], "agrees": [band - high]}
-    elif rule == "not worse":
-        slack = {"disagrees": [-high], "agrees": [low + band]}
-    elif rule == "comparable":
-        slack = {"agrees": [band - spread], "disagrees": [low - band, -band - high]}
-    else:
-        raise ValueError(f"rule must be one of helps, hurts, no gain, not worse, comparable; got {rule!r}")
-    if verdict in slack:
-        return max(slack[verdict])
-    return max(x for found in slack.values() for x in found)
+def blank(**row):
+    """A row with every field, None where ``row`` does not say."""
+    found = {field: None for field in FIELDS}
+    found.update(cannot_decide=False, sentence="", quantity="final")
+    found.update(row)
+    return found
 
 
-def seeds_needed(differences, effect, band):
-    """Seeds an inconclusive paired comparison would need for its 95% interval to leave zero (an
-    effect beyond the band) or to fit inside the band (an effect within it), from the spread of
-    the per-seed ``differences``: a robust standard deviation (1.4826 x their median absolute
-    deviation) and the standard error of a median, 1.2533 sigma / sqrt(n). None where the effect
-    sits on that threshold or the differences do not spread."""
-    kept = torch.tensor([d for d in differences if d is not None and math.isfinite(d)], dtype=torch.float64)
-    if effect is None or len(kept) < 2:
-        return None
-    sigma = 1.4826 * float((kept - kept.median()).abs().median())
-    sigma = sigma or float(kept.std())
-    room = abs(effect) if abs(effect) > band else band - abs(effect)
-    if room <= 0 or sigma == 0:
-        return None
-    return max(len(kept) + 1, math.ceil((Z * 1.2533 * sigma / room) ** 2))
+def why_inconclusive(decision, end, half, lengths=("the end", "half of training"), kind=None, band=None):
+    """Why a row is inconclusive, in a line."""
+    if end != half and half not in (None, "not applicable") and end != "inconclusive":
+        return f"{end} at {lengths[0]}, {half} at {lengths[1]}"
+    if decision.get("cannot_decide"):
+        k = decision.get("k") or 1
+        return (f"cannot decide at n = {decision['n']}" + (f" with {k} settings to choose from" if k > 1 else "")
+                + f": the smallest p attainable, {k} x 2^-{decision['n']}, exceeds 0.05")
+    low, high = decision.get("lower"), decision.get("upper")
+    if low is None:
+        return f"no one-sided bound at n = {decision['n']}"
+    if band is not None and kind in ("directional", "not beyond") and low > 0 and decision["effect"] < band:
+        return (f"every bound on the paper's side (L = {low:.3g}), but the median effect {decision['effect']:.3g} "
+                f"is within the band {band:.3g}")
+    if kind == "comparable" and (low > band or high < -band):
+        return f"beyond the band on one side (bounds [{low:.3g}, {high:.3g}]), which needs p <= 0.025: more seeds"
+    return f"the bounds [{low:.3g}, {high:.3g}] reach both sides of a threshold"
 
 
 def section5_rows(saved, records, context, temperature=None):
@@ -109,223 +107,219 @@ def section5_rows(saved, records, context, temperature=None):
     rows = []
     for claim in saved["claims"]:
         m = claim["measurement"]
-        named = claim["claim"] if claim["task"] == "all" else f"{claim['task']}: {claim['claim']}"
-        row = {"id": claim["id"], "paper": "R&L", "where": claim["where"], "claim": named,
-               "quantity": claim.get("quantity", "final"), "rule": claim["rule"], "verdict": claim["verdict"],
-               "section": "experiments", "context": None, "interval": None, "band": None, "margin": None,
-               "seeds_apart": None, "seeds_needed": None, "without_temperature": unscaled.get(claim["id"])}
-        if "median_difference" in m:          # a paired comparison of normalised test losses
-            rule = SECTION5_RULES.get(claim["rule"], claim["rule"])
-            interval = None if None in m["interval"] else m["interval"]
-            unit = ("log(variant / other) of the loss at the end" if row["quantity"] == "final"
-                    else "mean log(variant / other) of the loss before the decay")
-            apart = {seed: entry["reason"] for seed, entry in m["seeds_apart"].items()}
-            row.update(effect=m["median_difference"], unit=unit,
-                       interval=interval, band=m["no_effect"], seeds=m["seeds"], seeds_apart=apart,
-                       reading=f"{m['name']} against {m['against']}: better / worse / diverged "
-                               f"{m['better']} / {m['worse']} / {m['diverged']} of {m['seeds']}")
-            at_end = claim.get("verdict_at_end", claim["verdict"])
-            task = records.get(claim["task"])
-            if row["quantity"] == "final" and task is not None and not task["convergence"]["converged"]:
-                row["reading"] += ("; this task's normal model has not converged (training twice as long still "
-                                   "moves its loss by more than a tenth), so the final result is one at a fixed "
-                                   "budget of training")
-            if at_end != claim["verdict"]:
-                row["reading"] += (f"; {at_end} at the end of training, {claim['verdict_at_half']} at half of "
-                                   "it, so inconclusive")
-            if rule in RULE_FORMS and interval is not None:
-                effect = m["median_difference"] if rule in ("helps", "hurts") else None
-                row["margin"] = margin(rule, interval, m["no_effect"], verdict=at_end, effect=effect)
-                if at_end == "inconclusive":
-                    row["seeds_needed"] = seeds_needed(m["difference"], m["median_difference"],
-                                                       m["no_effect"])
-            if rule == "unstable":
-                losses = [math.inf if v is None else v for v in m["variant"]]
-                row.update(effect=max(losses), unit="worst seed's loss / label variance", band=1.0,
-                           interval=None, margin=max(losses) - 1.0 if math.isfinite(max(losses)) else None,
-                           reading=f"{m['name']}: {m['diverged']} of {m['seeds']} seeds diverged")
+        named = claim["claim"] if claim["task"] == "all" else claim["claim"]
+        row = blank(id=claim["id"], paper="R&L", where=claim["where"], claim=named,
+                    sentence=claim.get("sentence", ""), task=claim["task"], quantity=claim.get("quantity", "final"),
+                    kind=claim["rule"], verdict=claim["verdict"], section="experiments",
+                    without_temperature=unscaled.get(claim["id"]))
+        if "decision" in claim:           # a comparative claim, decided by icl_lens.statistics
+            row.update(comparative_section5(claim, records))
             note = section5_claims.context_note(claim, records, context)
             row["context"] = note["reading"] if note else None
-        elif claim["rule"] == "exact":
-            worst, tolerance = m["worst_relative_squared_gap"], m["tolerance"]
-            row.update(effect=worst, unit="relative squared gap", band=tolerance,
-                       margin=tolerance - worst, seeds=m["layers"],
-                       reading=f"worst relative squared gap {worst:.2g} over {m['layers']} trained layers, one "
-                               f"prompt each (tolerance {tolerance:g}); the seeds column counts layers")
-        elif claim["rule"] == "falls":
-            row.update(effect=m["log_fall"], unit="log(attention MSE at the smallest d_r / at the largest)",
-                       band=m["band"], margin=m["log_fall"] - m["band"], seeds=None,
-                       reading=f"log-log slope {m['slope']:.2f}; falls at every step: {m['monotone']}")
-        elif claim["rule"] == "below":
-            row.update(effect=m["median"], unit=f"attention MAE of trained layers at d_r = {m['features']} (median)",
-                       band=m["threshold"], interval=m["quartiles"], seeds=None,
-                       margin=m["threshold"] - m["quartiles"][1] if claim["verdict"] == "agrees"
-                       else m["quartiles"][0] - m["threshold"] if claim["verdict"] == "disagrees"
-                       else -min(m["quartiles"][1] - m["threshold"], m["threshold"] - m["quartiles"][0]),
-                       reading=f"{m['ratio_to_random']:.0f} x the random layers' attention MAE (medians) at the "
-                               "same d_r")
-        elif claim["rule"] == "ratio":
-            row.update(effect=m["ratio"], unit="median error of the largest tenth of the weights / the rest's",
-                       band=m["threshold"], seeds=None,
-                       margin=m["ratio"] - m["threshold"] if claim["verdict"] == "agrees" else
-                       1 - m["ratio"] if claim["verdict"] == "disagrees" else m["ratio"] - m["threshold"],
-                       reading=f"one trained layer (seed 0), d_r = 1200: ratio {m['ratio']:.2f}")
-        elif claim["rule"] == "low rank":
-            row.update(effect=m["fewest_below"], unit="seeds whose bound stays below d - 0.5, fewest over the "
-                       "widths under the paper's", band=None, seeds=m["seeds"], margin=None,
-                       reading=f"seeds below d - 0.5 by width: {m['seeds_below']}")
-        elif claim["rule"] == "saturates":
-            row.update(effect=m["fewest_at_or_above"], unit="seeds whose bound reaches d - 0.5, fewest over "
-                       "the widths from the paper's", band=None, seeds=m["seeds"],
-                       margin=None,   # a count of whole seeds: the effect itself is the margin
-                       reading=f"every seed saturates from d_h = {m['every_seed_from']}")
+        else:
+            row.update(threshold_row(claim))
         rows.append(row)
     return rows
+
+
+def comparative_section5(claim, records):
+    """The fields of a Section 5 comparative row."""
+    m, d, record = claim["measurement"], claim["decision"], records[claim["task"]]
+    speed = claim["quantity"].startswith("speed")
+    unit = ("mean log loss before the decay, other - variant" if speed and claim["direction"] == "lower" else
+            "mean log loss before the decay, variant - other" if speed else
+            "log(other / variant) of the final loss" if claim["direction"] == "lower" else
+            "log(variant / other) of the final loss")
+    compared = "; ".join(f"{a} against {b}" for a, b in claim["settings"])
+    found = {"scope": claim["scope"], "compared": compared, "unit": unit, "band": section5_claims.BAND,
+             "n": d["n"], "p": claim["p"], "cannot_decide": bool(d["cannot_decide"]),
+             "effect": d.get("effect"), "lower": d.get("lower"), "upper": d.get("upper"),
+             "coverage": d.get("coverage"), "noise_floor": claim.get("noise_floor"),
+             "seeds_apart": {seed: entry["reason"] for seed, entry in m["seeds_apart"].items()} or None,
+             "section": f"experiments-{claim['task']}" if claim["task"] in SECTIONS else "experiments"}
+    if claim["rule"] == "unstable":
+        found.update(effect=d["only_variant"] - d["only_normal"], unit="seeds unstable only with the variant "
+                     "minus only with the normal model", band=d["band"], lower=None, upper=None, coverage=None)
+        found["reading"] = section5_claims.measured_text(claim)
+    else:
+        found["reading"] = (f"{section5_claims.measured_text(claim)}; {m['better']} better / {m['worse']} worse "
+                            f"by more than the band, {m['diverged']} diverged")
+    if claim["verdict"] == "inconclusive":
+        found["why"] = why_inconclusive(d, claim["verdict_at_end"], claim["verdict_at_half"], kind=claim["kind"],
+                                        band=section5_claims.BAND)
+        if claim["rule"] == "unstable" and claim["verdict_at_end"] == claim["verdict_at_half"]:
+            found["why"] = (f"{d['only_variant']} seeds unstable only with the variant, {d['only_normal']} only "
+                            f"with the normal model, of {d['n']}: McNemar p = {d['p_agree']:.2g}; the exact upper "
+                            f"bound of the share, {d['upper']:.2f}, is not below {d['band']}")
+        found["seeds_needed"] = simulated_seeds(claim, record)
+    if claim["quantity"] == "final" and not record["convergence"]["converged"]:
+        normal = [section5.normalised_loss(record, model) for model in record["models"]
+                  if model["group"] == "normal" and model["lr"] == record["config"]["lr_normal"]]
+        level = (math.exp(section5_claims.BAND) - 1) * statistics.median(normal)
+        found["at_budget"] = (f"at this budget: the {claim['task']} task's normal model has not converged (training "
+                              f"twice as long moves its loss by {record['convergence']['median_move']:.2f} in log, "
+                              f"median); the band is {level:.2g} of the label variance there")
+    other = claim.get("other_reading")
+    if other:
+        found["other_reading"] = (f"constant reading of alpha ({other['name']}): {other['decision']['verdict']}, "
+                                  f"p = {other['decision']['p']:.2g}")
+    return found
+
+
+def simulated_seeds(claim, record):
+    """The simulated seeds an inconclusive Section 5 row would need (see
+    :func:`icl_lens.statistics.seeds_needed`), from the comparison that decides it."""
+    d, m = claim["decision"], claim["measurement"]
+    if claim["rule"] == "unstable":
+        normal = [section5_claims.partner(record, section5_claims.find_model(record, m["name"], s))
+                  for s in m["seed_list"]]
+        flags = [v is None or v > 1 for v in m["variant"]]
+        normal_flags = [section5.normalised_loss(record, x) > 1 for x in normal]
+        return statistics.seeds_needed_unstable(flags, normal_flags)
+    return statistics.seeds_needed(claim["kind"], section5_claims.raw_differences(m), section5_claims.BAND,
+                                   direction=claim["direction"], choices=d.get("k") or 1)
+
+
+THRESHOLD_UNITS = {"exact": "relative squared gap", "falls": "log(error at the smallest d_r / at the largest)",
+                   "below": "attention MAE of trained layers at the largest d_r (median)",
+                   "ratio": "median error of the largest tenth of the weights / the rest's",
+                   "share": "share of attention weights estimated within a tenth of the mean weight",
+                   "low rank": "seeds whose bound stays below d - 0.5, fewest over the widths under the paper's",
+                   "saturates": "seeds whose bound reaches d - 0.5, fewest over the widths from the paper's"}
+
+
+def threshold_row(claim):
+    """The fields of a Section 5 row read against a threshold of its own (no seeds to test)."""
+    m, rule = claim["measurement"], claim["rule"]
+    found = {"unit": THRESHOLD_UNITS[rule], "reading": section5_claims.measured_text(claim),
+             "section": "experiments-random-features" if claim["id"].startswith("random-features") else
+             "experiments-rank" if claim["id"].startswith("rank") else "experiments"}
+    if rule == "exact":
+        found.update(effect=m["worst_relative_squared_gap"], band=m["tolerance"], n=m["layers"])
+    elif rule == "falls":
+        found.update(effect=m["log_fall"], band=m["band"])
+    elif rule == "below":
+        found.update(effect=m["median"], band=m["threshold"])
+    elif rule == "ratio":
+        found.update(effect=m["ratio"], band=m["threshold"])
+    elif rule == "share":
+        found.update(effect=m["share"], band=m["majority"])
+    elif rule in ("low rank", "saturates"):
+        found.update(effect=m["fewest_below" if rule == "low rank" else "fewest_at_or_above"], n=m["seeds"])
+    if claim["verdict"] == "inconclusive":
+        found["why"] = "between the rule's two thresholds"
+    return found
 
 
 def table1_rows(saved, record):
-    """Rows of the Table 1 claims (``table1_claims.json``): accuracy differences on the stand-in at
-    the length that decides (the longer runs where only they have converged, else the study's
-    epochs). Where the row's verdict is inconclusive only because the two lengths disagree or the
-    longer one was not run, the margin is the shorter length's."""
+    """Rows of the Table 1 claims (``table1_claims.json``), decided on the WordNet entailment
+    stand-in with MiniLM (not BERT on RTE), accuracy differences with a band of one point."""
+    study = record["study"]
     rows = []
-    summary, study = record["summary"], record["study"]
-    at_longer = table1.deciding_length(record) == "longer"
     for claim in saved["claims"]:
-        definition = next(c for c in table1.CLAIMS if c.id == claim["id"])
-        (first, _), (second, _) = (pick(record) for pick in definition.select)
-        deciding = at_longer and claim["longer"] is not None
-        m = claim["longer"] if deciding else claim["measured"]
-        epochs = study["longer_epochs"] if deciding else None
-        values, reference = table1.mean_of(record, first, epochs), table1.mean_of(record, second, epochs)
-        differences = table1.compare(values, reference)["differences"]
-        longer = claim["longer"]["verdict"] if claim["longer"] else "not run"
-        row = {"id": claim["id"], "paper": "R&L", "where": claim["where"], "claim": claim["claim"],
-               "quantity": "final", "rule": definition.rule, "verdict": claim["verdict"],
-               "effect": m["median"], "unit": "accuracy, first - second", "interval": m["interval"],
-               "band": table1.NO_EFFECT,
-               "margin": margin(definition.rule, m["interval"], table1.NO_EFFECT, lower_is_better=False,
-                                verdict=m["verdict"]),
-               "seeds": len(differences), "seeds_apart": None, "seeds_needed": None, "section": "bert",
-               "context": None,
-               "without_temperature": None,
-               "reading": f"{claim['compared']}: {claim['measured']['verdict']} after {study['epochs']} "
-                          f"epochs, {longer} after {study['longer_epochs']}"}
-        checks = [summary[key] for key in ("convergence", "convergence_longer") if key in summary]
-        if not any(check["converged"] for check in checks):
-            moves = " and ".join(f"{c['median_move']:.3f} from {c['epochs']} to {c['against_epochs']}"
-                                 for c in checks if "median_move" in c)
-            row["reading"] += (f"; the normal model has converged at no length (median move {moves}, against "
-                               f"{table1.NO_EFFECT}), so the verdict must hold at both") if moves else ""
-        if deciding:
-            check = summary["convergence_longer"]
-            row["reading"] += (f"; decided at {study['longer_epochs']} epochs, where the normal model has "
-                               f"converged ({check['against_epochs']} epochs move it by "
-                               f"{check['median_move']:.3f} in the median)")
-        if m["verdict"] == "inconclusive":
-            row["seeds_needed"] = seeds_needed(differences, m["median"], table1.NO_EFFECT)
+        m, other = claim["measured"], claim["other_length"]
+        sign = 1 if claim["direction"] == "higher" else -1
+        row = blank(id=claim["id"], paper="R&L", where=claim["where"], claim=claim["claim"],
+                    sentence=claim.get("sentence", ""), task="entailment stand-in (MiniLM)", kind=claim["kind"],
+                    scope=claim["scope"], compared=claim["compared"], verdict=claim["verdict"], effect=m["effect"],
+                    lower=m["lower"], upper=m["upper"], coverage=m["coverage"], n=m["n"], p=claim["p"],
+                    cannot_decide=bool(m["cannot_decide"]), band=table1.NO_EFFECT, section="bert",
+                    unit="accuracy, " + ("first - second" if sign > 0 else "second - first"),
+                    reading=f"{claim['compared']}: {m['verdict']} after {claim['epochs']} epochs, "
+                            f"{other['verdict'] if other else 'not run'} after "
+                            f"{other['epochs'] if other else study['longer_epochs']}")
+        if claim["verdict"] == "inconclusive":
+            row["why"] = why_inconclusive(m, m["verdict"], other["verdict"] if other else None,
+                                          (f"{claim['epochs']} epochs", f"{other['epochs'] if other else '-'} epochs"),
+                                          kind=claim["kind"], band=table1.NO_EFFECT)
+            row["seeds_needed"] = statistics.seeds_needed(claim["kind"], m["differences"], table1.NO_EFFECT,
+                                                          direction=claim["direction"], choices=m.get("k", 1))
         rows.append(row)
+    for key, (sentence, reason) in table1.NOT_RUN.items():
+        rows.append(not_run_row(key, "App. E.5, text after Table 1", sentence, reason, "bert"))
     return rows
 
 
-def ratio_row(claim, summary, seeds, section, paper):
-    """A row for a claim read from one trained layer's loss against one GD step's (GD*)."""
-    ratio = summary["trained layer"] / summary["one GD step (lr*)"]
-    return {"id": claim["id"], "paper": paper, "where": claim["where"], "claim": claim["claim"],
-            "quantity": "final", "rule": "matches", "effect": ratio, "unit": "trained / GD* loss",
-            "interval": None, "band": li_et_al.MATCH, "margin": li_et_al.MATCH - abs(ratio - 1),
-            "seeds": seeds, "seeds_apart": None, "seeds_needed": None, "section": section, "context": None,
-            "without_temperature": None, "reading": f"{claim['setting']}: {claim['measured']}"}
+def not_run_row(id, where, sentence, reason, section, paper="R&L"):
+    """A claim the runs cannot test, listed apart (outside the counts and the family)."""
+    return blank(id=id, paper=paper, where=where, claim=sentence, sentence=sentence, verdict="not run",
+                 kind="not run", why=reason, section=section, reading=reason, unit="")
+
+
+LI_UNITS = {"comparable": "log(trained / GD* loss), median over seeds", "slightly": "Model Cos - 0.95, median",
+            "directional": "Model Cos, last checkpoint - first, median"}
 
 
 def li_rows(saved, record):
-    """Rows of Li et al.'s claims (``closeness_claims.json``); their verdicts read into the
-    vocabulary ("partly: ..." is partly, "holds" agrees, "does not hold" disagrees)."""
-    seeds = len(record["study"]["seeds"])
+    """Rows of Li et al.'s claims (``closeness_claims.json``): the experiments of the NeurIPS 2024
+    version, decided by :mod:`icl_lens.statistics`, and the arXiv v1 theorem's assumption."""
     rows = []
     for claim in saved["claims"]:
-        verdict = claim["verdict"]
-        if claim["id"].startswith("li-closeness-n"):
-            n = claim["id"][len("li-closeness-n"):]
-            runs = record["lengths"][n]["softmax"]
-            row = ratio_row(claim, li_et_al.summary(runs), seeds, "closeness_experiment", "Li et al.")
-            # the loss condition as the study reads it: the seeds' interval of the log ratio
-            match = li_et_al.loss_match(runs)
-            row.update(effect=verdicts.median(li_et_al.log_loss_ratios(runs)), interval=match["interval"],
-                       band=match["band"], unit="log(trained / GD* loss), median over seeds",
-                       margin=margin("comparable", match["interval"], match["band"], verdict=match["verdict"]))
-            row["rule"] = (f"loss within {li_et_al.MATCH:.0%} of GD*'s (the seeds' interval) and Model Cos >= "
-                           f"{li_et_al.ALIGNED} (the seeds' interval)")
-            row["claim"] += f" ({claim['setting']})"
+        verdict = {"holds": "agrees", "does not hold": "disagrees"}.get(claim["verdict"], claim["verdict"])
+        row = blank(id=claim["id"], paper="Li et al.", where=claim["where"].replace("Li et al., ", ""),
+                    claim=f"{claim['claim']} ({claim['setting']})", task=claim["setting"], verdict=verdict,
+                    section="closeness_experiment", reading=claim["measured"])
+        d = claim.get("decision")
+        if d is not None:
+            band = {"comparable": math.log(1 + li_et_al.MATCH)}.get(claim["kind"], li_et_al.COSINE_BAND)
+            row.update(kind=claim["kind"], scope="every", effect=d["effect"], lower=d["lower"], upper=d["upper"],
+                       coverage=d["coverage"], n=d["n"], p=d["p"], cannot_decide=bool(d["cannot_decide"]),
+                       band=band, unit=LI_UNITS[claim["kind"]],
+                       quantity="over training" if claim["kind"] == "directional" else "final")
+            if verdict == "inconclusive":
+                row["why"] = why_inconclusive(d, verdict, None, kind=claim["kind"], band=band)
+                row["seeds_needed"] = statistics.seeds_needed(claim["kind"], d["values"], band, direction="higher")
         elif claim["id"] == "li-loss-against-d":
             ratios = [li_et_al.summary(layers["softmax"]) for layers in record["dims"].values()]
             worst = max((r["trained layer"] / r["one GD step (lr*)"] for r in ratios), key=lambda x: abs(x - 1))
-            row = ratio_row(claim, {"trained layer": worst, "one GD step (lr*)": 1.0}, seeds,
-                            "closeness_experiment", "Li et al.")
-            row["unit"] = "trained / GD* loss, the d farthest from 1"
-        elif claim["id"].startswith("li-model-cos-rises-n"):
-            n = claim["id"][len("li-model-cos-rises-n"):]
-            rise = li_et_al.model_cos_rise(record["lengths"][n]["softmax"])
-            row = {"id": claim["id"], "paper": "Li et al.", "where": claim["where"],
-                   "claim": f"{claim['claim']} ({claim['setting']})", "quantity": "over training", "rule": "helps",
-                   "effect": rise["median"], "unit": "Model Cos, last checkpoint - first",
-                   "interval": rise["interval"], "band": li_et_al.COSINE_BAND,
-                   "margin": margin("helps", rise["interval"], li_et_al.COSINE_BAND, lower_is_better=False,
-                                    verdict=vocabulary(verdict), effect=rise["median"]),
-                   "seeds": seeds, "seeds_apart": None, "seeds_needed": None,
-                   "section": "closeness_experiment", "context": None, "without_temperature": None,
-                   "reading": claim["measured"]}
+            row.update(kind="within", effect=worst, band=li_et_al.MATCH, unit="trained / GD* loss, the d farthest "
+                       "from 1", n=len(record["study"]["seeds"]))
         else:
-            row = {"id": claim["id"], "paper": "Li et al.", "where": claim["where"], "claim": claim["claim"],
-                   "quantity": "final", "rule": "share of prompts inside the condition >= 0.5",
-                   "effect": None, "unit": "", "interval": None, "band": 0.5, "margin": None,
-                   "seeds": seeds, "seeds_apart": None, "seeds_needed": None, "section": "closeness_experiment",
-                   "context": None,
-                   "without_temperature": None, "reading": claim["measured"]}
-        row["where"] = row["where"].replace("Li et al., ", "")
-        row["verdict"] = vocabulary(verdict)
-        if row["verdict"] == "disagrees" and row["id"] == "li-loss-against-d":   # the slack of the miss
-            row["margin"] = -row["margin"]
-        if row["verdict"] != verdict:
-            row["reading"] += f" ({verdict})"
+            row.update(kind="share", band=0.5, unit="share of prompts inside the condition",
+                       n=len(record["study"]["seeds"]))
         rows.append(row)
     return rows
 
 
 def across_rows(saved, record):
-    """The across-tasks chapter's one claim of the papers (R&L Sec. 5's remark on training across
-    tasks); its other rows are readings of the chapter or of von Oswald et al., not of the papers."""
+    """The paper's remark on training across tasks (R&L App. E.1), as two rows: with the paper's
+    SGD the single layer does not learn (its loss stays at >= NO_LEARNING of the label variance);
+    and no single attention layer learns the task (read against the same layer trained with Adam
+    on batches of prompts)."""
     rows = []
     for claim in saved["claims"]:
         if not claim["where"].startswith("Ren & Liu"):
             continue
-        sgd = across_tasks.summary(record, "paper task (paper's SGD)")
-        rows.append({"id": claim["id"], "paper": "R&L", "where": claim["where"].replace("Ren & Liu, ", ""),
-                     "claim": claim["claim"], "quantity": "final",
-                     "rule": f"the paper's SGD leaves the loss at >= {across_tasks.NO_LEARNING} of the "
-                             "label variance",
-                     "verdict": vocabulary(claim["verdict"]), "effect": sgd["trained layer"],
-                     "unit": "loss / label variance", "interval": None, "band": across_tasks.NO_LEARNING,
-                     "margin": sgd["trained layer"] - across_tasks.NO_LEARNING, "seeds": None,
-                     "seeds_apart": None, "seeds_needed": None, "section": "across_tasks", "context": None,
-                     "without_temperature": None,
-                     "reading": f"{claim['measured']} ({claim['verdict']})"})
+        sgd = across_tasks.summary(record, "paper task (paper's SGD)")["trained layer"]
+        adam = across_tasks.summary(record, "paper task (random-features)")["trained layer"]
+        where = claim["where"].replace("Ren & Liu, ", "")
+        sentence = ("we find it challenging for a single attention layer to effectively learn the multi-task "
+                    "scenario, resulting in disordered predictions")
+        rows.append(blank(id="across-disordered-paper-sgd", paper="R&L", where=where, sentence=sentence,
+                          claim="with a new task weight per prompt, the single layer trained with the paper's SGD "
+                                "(lr 0.003, one prompt a step) does not learn", task="linear, new task per prompt",
+                          kind="threshold", verdict="agrees" if sgd >= across_tasks.NO_LEARNING else "disagrees",
+                          effect=sgd, band=across_tasks.NO_LEARNING, unit="loss / label variance",
+                          section="across_tasks", reading=claim["measured"]))
+        rows.append(blank(id="across-disordered-any-optimiser", paper="R&L", where=where, sentence=sentence,
+                          claim="with a new task weight per prompt, a single attention layer cannot learn the task "
+                                "(read: with any optimiser; here Adam on batches of 256 prompts)",
+                          task="linear, new task per prompt", kind="threshold",
+                          verdict="agrees" if adam >= across_tasks.NO_LEARNING else "disagrees",
+                          effect=adam, band=across_tasks.NO_LEARNING, unit="loss / label variance",
+                          section="across_tasks", reading=claim["measured"]))
     return rows
 
 
-def vocabulary(verdict):
-    """A study's verdict in the table's words."""
-    if verdict in VOCABULARY:
-        return verdict
-    if verdict.startswith("inconclusive"):
-        return "inconclusive"
-    if verdict.startswith("partly") or verdict.startswith("agrees for"):
-        return "partly"
-    if verdict == "holds":
-        return "agrees"
-    if verdict == "does not hold" or verdict.startswith("disagrees"):
-        return "disagrees"
-    raise ValueError(f"verdict {verdict!r} has no word in the table's vocabulary {VOCABULARY}")
+def family(rows, alpha=statistics.ALPHA):
+    """Benjamini-Yekutieli over every comparative row that can pass (Tarone: rows whose smallest
+    attainable p exceeds alpha stay out); sets p_family and survives_family in place."""
+    p_values = [row["p"] if row["p"] is not None and not row["cannot_decide"] else None for row in rows]
+    for row, adjusted in zip(rows, statistics.family_adjusted(p_values, alpha)):
+        row["p_family"] = adjusted
+        row["survives_family"] = (None if adjusted is None or row["verdict"] == "inconclusive"
+                                  else bool(adjusted <= alpha))
+    return rows
 
 
 def every_claim(data=None):
@@ -337,54 +331,120 @@ def every_claim(data=None):
         else None
     rows = section5_rows(load_result(experiments, "claims"), records,
                          load_result(experiments, "context_use"), temperature)
+    for key, reason in section5_claims.NOT_RUN.items():
+        claim = next(c for c in section5_claims.CLAIMS if c.id == key)
+        rows.append(not_run_row(key, claim.where, claim.sentence, reason, "experiments"))
     rows += across_rows(load_result(data / "multitask", "multitask_claims"),
                         load_result(data / "multitask", "multitask"))
     rows += table1_rows(load_result(data / "table1", "table1_claims"), load_result(data / "table1", "table1"))
     rows += li_rows(load_result(data / "closeness", "closeness_claims"), load_result(data / "closeness", "closeness"))
     for row in rows:
-        if row["verdict"] not in VOCABULARY:
+        if row["verdict"] not in VOCABULARY + ("not run",):
             raise ValueError(f"claim {row['id']}: verdict {row['verdict']!r} is not in {VOCABULARY}")
-    return [{field: row[field] for field in FIELDS} for row in rows]
+    judged = family([row for row in rows if row["verdict"] != "not run"])
+    return [{field: row[field] for field in FIELDS} for row in judged + [r for r in rows if r["verdict"] == "not run"]]
 
 
 def counts(rows):
-    """{verdict: number of rows}, in the vocabulary's order."""
+    """{verdict: number of rows}, in the vocabulary's order ("not run" rows are not counted)."""
     return {verdict: sum(row["verdict"] == verdict for row in rows) for verdict in VOCABULARY}
 
 
+def surviving(rows):
+    """{verdict: decisive rows whose family-adjusted p is <= 0.05}."""
+    return {verdict: sum(row["verdict"] == verdict and bool(row["survives_family"]) for row in rows)
+            for verdict in VOCABULARY[:2]}
+
+
+def summary_line(rows):
+    """One line: the counts, how many decisive rows survive the family correction, the rows not run."""
+    found, kept = counts(rows), surviving(rows)
+    not_run = sum(row["verdict"] == "not run" for row in rows)
+    return (f"{sum(found.values())} claims: agrees {found['agrees']}, disagrees {found['disagrees']}, inconclusive "
+            f"{found['inconclusive']}; surviving Benjamini-Yekutieli at 5% over the family: agrees {kept['agrees']}, "
+            f"disagrees {kept['disagrees']}; {not_run} not run (listed apart)")
+
+
 def number(value, digits=2):
-    """A cell: "–" where there is no value, a count as it is, a float as the Section 5 tables
-    print it (:func:`icl_lens.studies.section5_claims.number`, "diverged" included)."""
+    """A cell: "–" where there is no value, a count as it is, a float to ``digits`` significant
+    digits."""
     if value is None:
         return "–"
-    return section5_claims.number(value, digits) if isinstance(value, float) else str(value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value) or abs(value) >= 1e300:
+        return "diverged"
+    return f"{value:.{digits}g}"
 
 
 def effect_text(row):
     text = number(row["effect"])
-    if row["interval"] is not None:
-        text += f" [{number(row['interval'][0])}, {number(row['interval'][1])}]"
+    if row["lower"] is not None:
+        text += f" [{number(row['lower'])}, {number(row['upper'])}]"
     return text
 
 
+GROUPS = (
+    ("R&L Sec. 5 and App. E.1-E.3: the linear task", lambda r: r["task"] == "linear" or r["id"] == "linear-alpha-full-rank"),
+    ("R&L App. E.2.1: the trigonometric task", lambda r: r["task"] == "trigonometric"),
+    ("R&L App. E.2.2: the exponential task", lambda r: r["task"] == "exponential"),
+    ("R&L App. E.1 and E.4: random features and the FFN layer", lambda r: r["id"].startswith(("random-features",
+                                                                                             "rank-", "transformer-"))),
+    ("R&L App. E.1: training across tasks", lambda r: r["id"].startswith("across-")),
+    ("R&L App. E.5: Table 1, on the WordNet entailment stand-in with MiniLM", lambda r: r["id"].startswith("table1")),
+    ("Li et al.", lambda r: r["paper"] == "Li et al."),
+)
+UNITS = {
+    "R&L Sec. 5 and App. E.1-E.3: the linear task": "log ratios of the losses (a final result) or differences of "
+    "mean log losses (a speed), in the paper's direction: +0.1 is about a tenth better (or faster, or worse, as "
+    "the claim says)",
+    "R&L App. E.2.1: the trigonometric task": "as for the linear task",
+    "R&L App. E.2.2: the exponential task": "as for the linear task",
+    "R&L App. E.5: Table 1, on the WordNet entailment stand-in with MiniLM": "validation accuracy, in the "
+    "paper's direction",
+}
+
+
+def group_of(row):
+    return next(name for name, belongs in GROUPS if belongs(row))
+
+
 def markdown(rows, *, links=True):
-    """The table as Markdown; with ``links`` each claim links to the chapter that shows it."""
-    lines = ["| claim (where in the paper) | verdict (measure) | effect [95% interval] | band | margin | "
-             "deciding seeds (needed) |", "|---|---|---|---|---|---|"]
-    for row in rows:
-        claim = f"[{row['claim']}]({row['section']}.md)" if links else row["claim"]
-        seeds = number(row["seeds"])
-        if row["seeds_apart"]:
-            seeds += f" + {len(row['seeds_apart'])} apart"
-        if row["seeds_needed"] is not None:
-            seeds += f" ({row['seeds_needed'] if row['seeds_needed'] <= 1000 else '> 1000'})"
-        lines.append(f"| {claim} ({row['paper']} {row['where']}) | **{row['verdict']}** ({row['quantity']}) | "
-                     f"{effect_text(row)} | {number(row['band'])} | {number(row['margin'])} | {seeds} |")
-    return "\n".join(lines)
+    """The table as Markdown: with ``links`` grouped under a heading per paper, section and task,
+    each claim linked to the section that shows it; without, one table with each row's id (the
+    command line)."""
+    header = ["| claim (where in the paper) | verdict | effect [one-sided 95% bounds]; band | n; p (family) | "
+              "why inconclusive; seeds needed |", "|---|---|---|---|---|"]
+
+    def line(row):
+        claim = (f"[{row['claim']}]({row['section'].split('-')[0]}.md)" if links else f"`{row['id']}` {row['claim']}")
+        p = "–" if row["p"] is None else f"{row['p']:.2g}"
+        if row["p_family"] is not None:
+            p += f" ({row['p_family']:.2g})"
+        why = row["why"] or ""
+        if row["verdict"] == "inconclusive" and row["p"] is not None:
+            needed = row["seeds_needed"]
+            why += f"; needs >= {needed} seeds" if needed is not None else "; needs > 100 seeds"
+        band = "" if row["band"] is None else f"; band {number(row['band'])}"
+        flags = "".join(f" *{flag}*" for flag in (("at this budget",) if row["at_budget"] else ()))
+        return (f"| {claim} ({row['paper']} {row['where']}) | **{row['verdict']}**{flags} | {effect_text(row)}{band} | "
+                f"{number(row['n'])}; {p} | {why.strip('; ')} |")
+
+    if not links:
+        return "\n".join(header + [line(row) for row in rows])
+    parts = []
+    for name, _ in GROUPS:
+        members = [row for row in rows if group_of(row) == name]
+        if members:
+            unit = f" Effects: {UNITS[name]}." if name in UNITS else ""
+            parts.append(f"### {name}\n\n{len(members)} claims.{unit}\n\n" + "\n".join(header + [line(r) for r in members]))
+    return "\n\n".join(parts)
 
 
 def save(rows, path=None):
-    """Write ``book/data/claims.json`` (or ``path``): {"fields": ..., "claims": rows}."""
+    """Write ``book/data/claims.json`` (or ``path``): {"vocabulary": ..., "claims": rows}."""
     path = Path(path) if path is not None else repository_root() / "book" / "data" / "claims.json"
     return save_result(path.parent, path.stem, {"vocabulary": list(VOCABULARY), "claims": rows})["json"]
 

@@ -6,7 +6,8 @@ Chapters: appendix_f.
 
 import torch
 
-from icl_lens.validation import as_tensor, check_last_dim, check_positive_float
+from icl_lens.validation import as_tensor, check_finite_number, check_float_dtype, check_last_dim, check_positive_float, \
+    check_positive_int
 
 
 def check_regression_data(x_context, y_context, x_query):
@@ -58,6 +59,12 @@ def linear_self_attention(tokens, query_token, W_K, W_Q, W_V, P):
 
 def von_oswald_weights(dim, lr, num_context, w0=None, dtype=torch.float64):
     """The construction's W_K = W_Q = [[I, 0], [0, 0]], W_V = [[0, 0], [w0^T, -1]], P = lr / N I."""
+    check_positive_int(dim, "dim")
+    check_positive_int(num_context, "num_context")
+    check_finite_number(lr, "lr")
+    check_float_dtype(dtype, "dtype")
+    if w0 is not None and tuple(as_tensor(w0, "w0").shape) != (dim,):
+        raise ValueError(f"w0 must have shape ({dim},), got {tuple(w0.shape)}")
     size = dim + 1
     W_K = torch.zeros(size, size, dtype=dtype)
     W_K[:dim, :dim] = torch.eye(dim, dtype=dtype)

@@ -23,7 +23,8 @@ from typing import Callable
 import torch
 
 from icl_lens.attention import kernel_attention, queries_and_keys, values
-from icl_lens.validation import as_tensor, check_matrix, check_positive_float, check_rank_at_least
+from icl_lens.validation import (as_tensor, check_batch_shapes, check_last_dim, check_matrix, check_positive_float,
+                                 check_rank_at_least)
 
 
 @dataclass
@@ -97,6 +98,8 @@ def dual_model(demos, queries, W_Q, W_K, W_V, feature_map, *, query_index=-1, lr
     check_rank_at_least(queries, "queries", 2)
     if demos.shape[-2] < 1:
         raise ValueError("demos must hold at least one demonstration (N >= 1)")
+    check_last_dim(queries, "queries", demos.shape[-1], "the token dimension of demos")
+    check_batch_shapes([("demos", demos), ("queries", queries)])
     if not -queries.shape[-2] <= query_index < queries.shape[-2]:
         raise ValueError(f"query_index={query_index} is out of range for {queries.shape[-2]} query tokens")
     lr = check_positive_float(lr, "lr")

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from icl_lens.device import pick
-from icl_lens.validation import as_tensor, check_last_dim, check_positive_int, check_rank_at_least
+from icl_lens.validation import as_tensor, check_float_dtype, check_last_dim, check_positive_int, check_rank_at_least
 
 
 def draw_omega(dim, num_features, *, generator=None, orthogonal=False, dtype=torch.float64, device="cpu"):
@@ -33,6 +33,8 @@ def draw_omega(dim, num_features, *, generator=None, orthogonal=False, dtype=tor
     """
     check_positive_int(dim, "dim")
     check_positive_int(num_features, "num_features")
+    check_float_dtype(dtype, "dtype")
+    pick(device)   # a device that exists, checked before drawing
     source = generator.device if generator is not None else torch.device("cpu")
     if not orthogonal:
         omega = torch.randn(num_features, dim, generator=generator, dtype=dtype, device=source)
@@ -136,7 +138,8 @@ def monte_carlo_kernel(x, y, num_draws, *, generator=None, chunk=1_000_000):
     """
     as_tensor(x, "x")
     as_tensor(y, "y")
-    check_positive_int(num_draws, "num_draws")
+    if check_positive_int(num_draws, "num_draws") < 2:
+        raise ValueError(f"num_draws must be at least 2 for a sample variance, got {num_draws}")
     if x.dim() != 1 or y.shape != x.shape:
         raise ValueError(f"x and y must be vectors of one length, got shapes {tuple(x.shape)} and {tuple(y.shape)}")
     total, total_squares, remaining = 0.0, 0.0, num_draws

@@ -21,7 +21,8 @@ from functools import cached_property
 
 import torch
 
-from icl_lens.validation import as_tensor, check_positive_float
+from icl_lens.validation import (as_tensor, check_finite_number, check_last_dim, check_matrix, check_positive_float,
+                                 check_same_device_and_dtype)
 
 
 @dataclass
@@ -75,6 +76,17 @@ def kernel_prompt(demos, queries, W_Q, W_K, W_V, feature_map, *, query_index=-1,
         as_tensor(tensor, name)
         if tensor.dim() != 2:
             raise ValueError(f"{name} must be (tokens, d), got shape {tuple(tensor.shape)}")
+    d = demos.shape[-1]
+    if demos.shape[0] < 1:
+        raise ValueError("demos must hold at least one demonstration")
+    check_last_dim(queries, "queries", d, "the token dimension of demos")
+    check_matrix(W_K, "W_K", (None, d))
+    check_matrix(W_Q, "W_Q", (W_K.shape[0], d))
+    check_matrix(W_V, "W_V", (None, d))
+    check_same_device_and_dtype([("demos", demos), ("queries", queries), ("W_Q", W_Q), ("W_K", W_K), ("W_V", W_V)])
+    if isinstance(query_index, bool) or not isinstance(query_index, int) or \
+            not -queries.shape[0] <= query_index < queries.shape[0]:
+        raise ValueError(f"query_index={query_index!r} is out of range for {queries.shape[0]} query tokens")
     if scale is None:
         scale = 1.0 / math.sqrt(W_K.shape[0])
     root = math.sqrt(check_positive_float(scale, "scale"))
@@ -105,12 +117,17 @@ def modified_attention(prompt, *, query_side_factor=1.0):
 
 def regularized_loss(prompt, W, alpha, lr):
     """Eq. (11): -1/(lr D) sum_i v_i . W phi(k_i) + alpha/(2 lr) ||W||_F^2."""
+    lr = check_positive_float(lr, "lr")
+    check_finite_number(alpha, "alpha")
+    check_weight(prompt, W)
     linear = -(prompt.demo_values * (prompt.demo_features @ W.T)).sum() / (lr * prompt.normaliser())
     return linear + alpha / (2 * lr) * (W**2).sum()
 
 
 def regularized_steps(prompt, alpha, steps):
     """W_t after ``steps`` gradient steps on Eq. (11) from W0: W_{t+1} = (1 - alpha) W_t + Delta W."""
+    check_finite_number(alpha, "alpha")
+    check_steps(steps)
     W = prompt.initial_weight()
     update = prompt.demo_update()
     for _ in range(steps):
@@ -120,11 +137,26 @@ def regularized_steps(prompt, alpha, steps):
 
 def exponential_smoothing(prompt, alpha, steps):
     """The closed form W_t = (1 - alpha)^t W0 + (1 - (1 - alpha)^t) / alpha Delta W (alpha != 0)."""
+    check_finite_number(alpha, "alpha")
+    if alpha == 0:
+        raise ValueError("alpha must be nonzero here (at alpha = 0 the steps add up: use regularized_steps)")
+    check_steps(steps)
     decay = (1 - alpha) ** steps
     return decay * prompt.initial_weight() + (1 - decay) / alpha * prompt.demo_update()
 
 
 # --- negative samples: Eq. (15) -----------------------------------------------------------------------
+
+
+def check_weight(prompt, W):
+    """W maps the prompt's features to its values: (d_v, d_phi), on their device and dtype."""
+    check_matrix(W, "W", (prompt.demo_values.shape[-1], prompt.demo_features.shape[-1]))
+    check_same_device_and_dtype([("the prompt's features", prompt.demo_features), ("W", W)])
+
+
+def check_steps(steps):
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
 
 
 def lowest_attention_neighbours(scores, k):
@@ -164,6 +196,8 @@ def ridge_attention(prompt, ridge):
 
 
 def ridge_loss(prompt, W, ridge):
+    ridge = check_positive_float(ridge, "ridge")
+    check_weight(prompt, W)
     return 0.5 * ((prompt.demo_values - prompt.demo_features @ W.T) ** 2).sum() + 0.5 * ridge * (W**2).sum()
 
 

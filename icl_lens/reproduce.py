@@ -26,7 +26,8 @@ Not part of ``all`` (minutes more on 2 CPU cores):
                  criterion at each doubling
     temperature  the linear task's normal, alpha < 0 and g2 models trained again without the
                  d**-1/4 scale of q and k, and their claims judged with and without it
-                 (temperature.json; with --reuse, the linear task's record is read from --out)
+                 (temperature.json; the linear task's record is read from --out when there;
+                 with --reuse, the saved temperature.json is judged again, nothing trains)
 
 Studies of their own chapters (not part of ``all``), each written with its claims
 (``<file>_claims.json``):
@@ -61,7 +62,8 @@ from icl_lens.figures import prompt_layers as prompt_layer_figures
 from icl_lens.figures import section5 as section5_figures
 from icl_lens.figures import table1 as table1_figures
 from icl_lens.figures import theory as theory_figures
-from icl_lens.results import load_result, repository_root, save_result, to_plain
+from icl_lens.results import (NUMBER, RecordError, check_writable_folder, load_result, repository_root,
+                              save_result, to_plain, write_json)
 from icl_lens.studies import across_tasks, ffn_rank, li_et_al, section5, section5_claims, table1
 
 ALL_TASKS = ("linear", "trigonometric", "exponential")
@@ -77,12 +79,9 @@ def experiment_config(kind, *, quick=False, seeds=None):
 
 def check_output_folder(out):
     """Create ``out`` or fail with a clear error naming --out (not a traceback from deep inside)."""
-    folder = Path(out)
+    folder = check_writable_folder(out, "--out")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / ".write-test"
-        probe.write_text("")
-        probe.unlink()
     except OSError as error:
         raise ValueError(f"--out {str(out)!r} is not a writable folder: {error.strerror}") from None
     return folder
@@ -103,6 +102,16 @@ class Run:
         self.written[key] = save_result(self.out, file, record, figure)
         return self.written[key]
 
+    def saved(self, file):
+        """The record ``file.json`` saved in ``out``. Reusing never trains, so a missing record is an
+        error naming the command that makes it."""
+        path = Path(self.out) / f"{file}.json"
+        if not path.exists():
+            quick = " --quick" if self.quick else ""
+            raise RecordError(f"{path} is missing, and reusing saved records never trains: make it with "
+                              f"python -m icl_lens reproduce {MADE_BY[file]}{quick} --out {self.out}")
+        return load_result(self.out, file, expect=SCHEMAS.get(file))
+
     def say(self, line):
         if self.log is not None:
             self.log.write(line + "\n")
@@ -117,7 +126,7 @@ class Run:
         :data:`icl_lens.studies.section5.POOL_ORDER`."""
         missing = [kind for kind in section5.POOL_ORDER if kind in kinds and kind not in self._tasks]
         if self.reuse:
-            self._tasks.update({kind: load_result(self.out, f"task_{kind}") for kind in missing})
+            self._tasks.update({kind: self.saved(f"task_{kind}") for kind in missing})
         elif missing:
             start = time.perf_counter()
             configs = [experiment_config(kind, quick=self.quick, seeds=self.seeds) for kind in missing]
@@ -133,12 +142,13 @@ class Run:
             self.say(f"{' + '.join(missing)} (one pool): {time.perf_counter() - start:.1f} s")
         return {kind: self._tasks[kind] for kind in kinds}
 
-    def shared(self, file, compute, draw, *, read_back=True):
+    def shared(self, file, compute, draw, *, read_back=True, trains=False):
         """A study that several outputs use, saved once as ``file`` (read back with ``reuse``, unless
-        ``read_back`` is False: then ``compute`` itself decides what it may reuse)."""
+        ``read_back`` is False: then ``compute`` itself decides what it may reuse). A study that
+        ``trains`` is never computed with ``reuse``: its record must be there."""
         if file not in self._shared:
-            if read_back and self.reuse and (Path(self.out) / f"{file}.json").exists():   # redraw only
-                record = load_result(self.out, file)
+            if read_back and self.reuse and (trains or (Path(self.out) / f"{file}.json").exists()):   # redraw only
+                record = self.saved(file)
             else:
                 record = compute()
             self._shared[file] = record
@@ -154,7 +164,7 @@ def rank_study(run):
                                            progress=run.log is not None)
 
     return run.shared("fig14", compute, lambda rank: theory_figures.rank_bound_figure(
-        rank, paper_saturation=rank["paper_saturation"]))
+        rank, paper_saturation=rank["paper_saturation"]), trains=True)
 
 
 def approximation_study(run):
@@ -236,9 +246,12 @@ def rank_figure(run):
 def section5_verdicts(run):
     tasks = run.tasks()
     rank, study = rank_study(run), approximation_study(run)
-    verdicts = [section5_claims.equivalence_claim(tasks), *section5_claims.evaluate(tasks),
-                section5_claims.random_feature_claim(study["trained layers (linear task)"]),
-                section5_claims.low_level_claim(study), section5_claims.larger_values_claim(heatmaps_study(run)),
+    verdicts = [*section5_claims.equivalence_claims(tasks), *section5_claims.evaluate(tasks),
+                *(section5_claims.random_feature_claim(study["trained layers (linear task)"], measure)
+                  for measure in section5_claims.MEASURES),
+                section5_claims.low_level_claim(study), section5_claims.low_level_claim(study, measure="attention_mse"),
+                section5_claims.larger_values_claim(heatmaps_study(run)),
+                section5_claims.majority_claim(heatmaps_study(run)),
                 section5_claims.rank_claim(rank), section5_claims.low_rank_claim(rank),
                 section5_claims.transformer_equivalence_claim(rank)]
     return run.save("claims", "claims", {"rules": section5_claims.RULES, "claims": verdicts})
@@ -250,8 +263,8 @@ def context_use_output(run):
     layers trained with a new task per prompt (:func:`icl_lens.studies.across_tasks.context_use_study`,
     trained here: the same layers as the across-tasks study's)."""
     def across():
-        if run.reuse and (Path(run.out) / "context_use.json").exists():   # trained before: read back
-            return load_result(run.out, "context_use")["across_tasks"]
+        if run.reuse:   # trained before: read back
+            return run.saved("context_use")["across_tasks"]
         study = across_tasks.StudyConfig()
         study = study.quick() if run.quick else study
         if run.seeds is not None:
@@ -280,17 +293,22 @@ def temperature_check(run):
 
     def judged(record):
         record["convergence"] = section5.convergence(record)   # a reused record: by the current criterion
-        return {"record": record, "claims": section5_claims.temperature_check(run.task("linear"), record)}
+        return {"record": record, "claims": section5_claims.temperature_check(linear(), record)}
 
-    if run.reuse and (Path(run.out) / "temperature.json").exists():   # judged again, no training
-        return run.save("temperature", "temperature", judged(load_result(run.out, "temperature")["record"]))
+    def linear():   # the run the check compares with: the one saved in out, if there, never overwritten
+        if not run.reuse and (Path(run.out) / "task_linear.json").exists():
+            return load_result(run.out, "task_linear", expect=SCHEMAS["task_linear"])
+        return run.task("linear")
+
+    if run.reuse:   # judged again, no training
+        return run.save("temperature", "temperature", judged(run.saved("temperature")["record"]))
     run.shared("temperature", compute, lambda record: None)
     return run.written["temperature"]
 
 
 def convergence_study(run):
-    if run.reuse and (Path(run.out) / "convergence.json").exists():   # judged again, no training
-        studies = load_result(run.out, "convergence")
+    if run.reuse:   # judged again, no training
+        studies = run.saved("convergence")
         for study in studies.values():
             study["criterion"] = section5.criteria(study["record"])
     else:
@@ -339,8 +357,8 @@ def chapter_study(name):
         if run.seeds is not None:
             config = replace(config, seeds=tuple(run.seeds))
         there = (Path(run.out) / f"{study.file}.json").exists()
-        if run.reuse and there and not run.grow:   # redraw only
-            record = load_result(run.out, study.file)
+        if run.reuse:   # redraw only
+            record = run.saved(study.file)
             if hasattr(study.module, "summarise"):   # its summary follows the study's current rules
                 record["summary"] = study.module.summarise(record)
         else:
@@ -349,7 +367,7 @@ def chapter_study(name):
                 # the saved record lends the runs the study shares with it; only the others train
                 if not hasattr(study.module, "reusable_runs"):
                     raise ValueError(f"--grow: the {name} study cannot reuse a saved record's runs")
-                lent["previous"] = load_result(run.out, study.file)
+                lent["previous"] = load_result(run.out, study.file, expect=SCHEMAS.get(study.file))
                 if not study.module.reusable_runs(config, lent["previous"]):
                     raise ValueError(f"--grow: {run.out}/{study.file}.json was trained with another model, data "
                                      "or optimiser, so none of its runs can be reused; train it anew without --grow")
@@ -384,9 +402,32 @@ OUTPUTS_TABLE = {
     "convergence": (convergence_study, False),
     **{name: (chapter_study(name), False) for name in STUDIES},
 }
+GROWS = tuple(name for name, study in STUDIES.items() if hasattr(study.module, "reusable_runs"))
 FIGURES = tuple(name for name, (_, in_all) in OUTPUTS_TABLE.items() if in_all)
 EXTRA = ("convergence", "temperature")   # named on the command line only, never by "all"
 STUDY_FILES = {name: study.file for name, study in STUDIES.items()}
+# what the outputs read of each saved record, checked when it is read back (a field missing or of
+# another type is an error naming the file and the field, not a KeyError while drawing)
+TASK_RECORD = {"task": str, "config": dict, "config.seeds[]": int, "config.epochs": int, "epochs[]": int,
+               "checkpoint_epochs[]": int, "run_lengths[]": int, "baselines[].label_variance": float,
+               "equivalence[].squared_error[]": NUMBER, "models": list, "models[].name": str, "models[].group": str,
+               "models[].seed": int, "models[].lr": float, "models[].test_loss": NUMBER,
+               "models[].test_curve[]": NUMBER, "models[].train_loss[]": NUMBER, "convergence": dict}
+STUDY_RECORD = {"study": dict, "study.seeds[]": int}
+SCHEMAS = {**{f"task_{kind}": TASK_RECORD for kind in ALL_TASKS},
+           "temperature": {"record": dict, **{f"record.{key}": kind for key, kind in TASK_RECORD.items()}},
+           "convergence": {"[].record": dict, "[].saved_run_epochs": int,
+                           **{f"[].record.{key}": kind for key, kind in TASK_RECORD.items() if key != "convergence"}},
+           "context_use": {"measures": dict, "tasks": dict, "across_tasks": dict},
+           "fig14": {"hidden_sizes[]": int, "paper_saturation": int, "bound_per_seed[][]": NUMBER},
+           "multitask": {**STUDY_RECORD, "settings": dict},
+           "closeness": {**STUDY_RECORD, "dims": dict, "lengths": dict},
+           "table1": {**STUDY_RECORD, "study.model": str, "runs[].setting": str, "runs[].seed": int,
+                      "runs[].train_loss[]": NUMBER}}
+# the output that trains each saved record, named when reusing finds the record missing
+MADE_BY = {"task_linear": "fig3", "task_trigonometric": "fig11", "task_exponential": "fig12", "fig14": "fig14",
+           "context_use": "context-use", "temperature": "temperature", "convergence": "convergence",
+           **{study.file: name for name, study in STUDIES.items()}}
 # what ``reproduce all`` writes (JSON names), which the experiments chapter reads
 OUTPUTS = ("fig3", "fig6-8", "fig9", "fig10", "fig11", "fig12", "fig13", "fig14", "paired", "claims",
            "context_use",
@@ -401,7 +442,9 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
     ``compile`` trains through ``torch.compile`` (default: in full mode); ``workers`` (default: 2 in
     full mode on the CPU, else 1) trains in that many processes, one thread each, see
     :func:`icl_lens.training.loop.run_jobs`. ``reuse=True`` draws from the records already in
-    ``out`` instead of training again (to restyle figures or recompute verdicts); ``grow=True``
+    ``out`` instead of training again (to restyle figures or recompute verdicts), and never trains:
+    a record it needs and does not find is a :class:`icl_lens.results.RecordError` naming the
+    command that makes it; ``grow=True``
     (Table 1) keeps a saved record's runs and trains only those the current configuration adds.
     """
     everything = "all" in names
@@ -410,6 +453,13 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
     unknown = [n for n in names if n not in OUTPUTS_TABLE]
     if unknown:
         raise ValueError(f"unknown figure(s) {unknown}; choose from {list(OUTPUTS_TABLE)} or 'all'")
+    if grow and reuse:
+        raise ValueError("--grow trains what the saved record lacks, --reuse never trains: give one of them")
+    if grow and [n for n in names if n not in GROWS]:
+        raise ValueError(f"--grow applies to {', '.join(GROWS)} only, not {', '.join(n for n in names if n not in GROWS)}")
+    if reuse and not Path(out).is_dir():
+        raise RecordError(f"{out} is not a folder of saved records, and reusing them never trains: make them "
+                          f"with python -m icl_lens reproduce {' '.join(names)} --out {out}")
     out = check_output_folder(out)
     device = pick(device)
     compile = (not quick) if compile is None else compile
@@ -465,20 +515,21 @@ def quick_reproduction(names, out):
     shared = os.environ.get(QUICK_RUNS)
     if not shared:
         return reproduce(names, out=out, quick=True, log=None)
+    check_writable_folder(shared, QUICK_RUNS)
     made = Path(shared) / "+".join(names)
     if not made.exists():
         Path(shared).mkdir(parents=True, exist_ok=True)
         building = Path(tempfile.mkdtemp(dir=shared))
         building.chmod(0o755)   # mkdtemp's 0700 would be copied onto ``out``
         written = reproduce(names, out=building, quick=True, log=None)
-        (building / WRITTEN).write_text(json.dumps({name: {kind: path.name for kind, path in paths.items()}
-                                                    for name, paths in written.items()}))
+        write_json(building / WRITTEN, {name: {kind: path.name for kind, path in paths.items()}
+                                        for name, paths in written.items()})
         try:
             os.rename(building, made)
         except OSError:   # made by another process meanwhile: keep theirs
             shutil.rmtree(building)
     shutil.copytree(made, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns(WRITTEN))
-    written = json.loads((made / WRITTEN).read_text())
+    written = load_result(made, Path(WRITTEN).stem)
     return {name: {kind: Path(out) / file for kind, file in paths.items()} for name, paths in written.items()}
 
 

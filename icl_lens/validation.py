@@ -3,6 +3,8 @@
 Chapters: none (the other modules check their inputs with it).
 """
 
+import math
+
 import torch
 
 
@@ -51,6 +53,8 @@ def check_positive_int(value, name):
 
 def check_positive_float(value, name):
     try:
+        if isinstance(value, (bool, str, bytes)):   # float("0.1") would pass a string on
+            raise TypeError
         number = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a positive number, got {value!r}") from None
@@ -67,3 +71,57 @@ def check_same_device_and_dtype(named_tensors):
             raise ValueError(f"{name} is on {tensor.device} but {first_name} is on {first.device}")
         if tensor.dtype != first.dtype:
             raise ValueError(f"{name} has dtype {tensor.dtype} but {first_name} has {first.dtype}")
+
+
+def check_finite_number(value, name):
+    """A real number (not a bool), finite: a nan or infinite learning rate, ridge or alpha is refused
+    here rather than turning every output into nan."""
+    try:
+        if isinstance(value, (bool, str, bytes)):
+            raise TypeError
+        number = float(value)   # ints, floats, numpy and one-element torch numbers
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return value
+
+
+def check_open_unit(value, name):
+    """A probability strictly between 0 and 1 (a confidence parameter delta)."""
+    check_finite_number(value, name)
+    if not 0 < float(value) < 1:
+        raise ValueError(f"{name} must be in (0, 1), got {value!r}")
+    return value
+
+
+def check_float_dtype(dtype, name):
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating torch dtype (torch.float32 or torch.float64), got {dtype!r}")
+    return dtype
+
+
+def check_batch_shapes(named_tensors):
+    """The batch dimensions (all but the last two) of the named tensors broadcast together."""
+    try:
+        torch.broadcast_shapes(*(tensor.shape[:-2] for _, tensor in named_tensors))
+    except RuntimeError:
+        shapes = ", ".join(f"{name} {tuple(tensor.shape)}" for name, tensor in named_tensors)
+        raise ValueError(f"the batch dimensions of {shapes} do not match") from None
+
+
+SEED_LIMIT = 2 ** 32   # numpy's seeds are below it, torch's too
+
+
+def check_seeds(seeds, name="seeds"):
+    """At least one seed, each an integer in [0, 2**32), none twice (a seed given twice would be
+    counted twice wherever seeds are pooled)."""
+    if not isinstance(seeds, (tuple, list)) or not seeds:
+        raise ValueError(f"{name} must be a non-empty tuple of integers, got {seeds!r}")
+    for seed in seeds:
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+            raise ValueError(f"{name}: {seed!r} is not an integer in [0, 2**32)")
+    repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
+    if repeated:
+        raise ValueError(f"{name}: seed(s) {repeated} given more than once (each would be counted twice)")
+    return tuple(seeds)

@@ -3,6 +3,7 @@ icl_lens.training.prompt_layer): prompts, the layers, the measures against GD*, 
 the verdict rules, and the saved full run the chapter shows."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from icl_lens.attention import kernel_attention, softmax_attention
 from icl_lens.device import generator
 from icl_lens.dual import dual_model
 from icl_lens.kernels import PositiveRandomFeatures
-from icl_lens.results import repository_root
+from icl_lens.results import repository_root, to_plain
 
 SAVED = repository_root() / "book" / "data" / "multitask" / "multitask.json"
 
@@ -205,8 +206,12 @@ def test_quick_study_runs_end_to_end_and_verdicts_follow(tmp_path):
     for entry in record["settings"].values():
         for run in entry["runs"]:
             assert len(run["loss"]) == len(run["steps"])
-    assert len(across_tasks.claims(record)) == 1 + 4 + 1
-    json.dumps(record)
+            assert all(math.isfinite(loss) and loss >= 0 for loss in run["loss"])
+    found = across_tasks.claims(record)
+    assert len(found) == 1 + 4 + 1
+    # the claims file written beside the record is what judging the record gives
+    saved = json.loads(written["multitask claims"]["json"].read_text())["claims"]
+    assert json.loads(json.dumps(to_plain(found))) == saved
 
 
 def test_saved_full_run_is_complete_converged_and_its_verdicts_recompute():

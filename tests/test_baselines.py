@@ -103,3 +103,48 @@ def test_shapes_name_the_argument():
         baselines.zero(x, y, q[..., :-1])
     with pytest.raises(ValueError, match="x_context"):
         baselines.zero(x[0, 0], y, q)
+
+
+def test_least_squares_intercept_recovers_an_offset():
+    """y = w . x + 5: the query's intercept column is a one, so the prediction carries the 5."""
+    x, y, q, target = prompts(N=15, d=11)
+    assert torch.allclose(baselines.least_squares(x, y + 5, q, intercept=True), target + 5, rtol=0, atol=1e-10)
+
+
+def test_two_leading_dimensions_against_a_loop():
+    """Prompts batched as (2, 3): the zero predictor keeps the labels' dtype and shape, ridge least
+    squares and the best one-step learning rate equal their closed forms prompt by prompt."""
+    x, y, q, target = prompts(batch=(2, 3), N=6, d=4, noise=0.1)
+    zero = baselines.zero(x, y, q)
+    assert zero.dtype == torch.float64 and zero.shape == (2, 3) and not zero.any()
+    got = baselines.least_squares(x, y, q, 0.5)
+    for i in range(2):
+        for j in range(3):
+            gram = x[i, j].T @ x[i, j] + 0.5 * torch.eye(4, dtype=torch.float64)
+            w = torch.linalg.solve(gram, x[i, j].T @ y[i, j])
+            assert abs(float(got[i, j] - w @ q[i, j])) < 1e-12
+    g = torch.stack([torch.stack([(y[i, j] @ x[i, j] / 6) @ q[i, j] for j in range(3)]) for i in range(2)])
+    assert baselines.optimal_one_step_lr(x, y, q, target) == pytest.approx(float((g * target).sum() / (g * g).sum()),
+                                                                           rel=1e-12)
+
+
+def test_errors_name_the_argument_and_the_expected_shape():
+    x, y, q, target = prompts(batch=(7,), N=15, d=11)
+    with pytest.raises(ValueError, match=r"y_context must be \(\.\.\., N\) = \(7, 15\)"):
+        baselines.zero(x, y[..., :-1], q)
+    with pytest.raises(ValueError, match=r"y_query must be \(\.\.\.\) = \(7,\)"):
+        baselines.optimal_one_step_lr(x, y, q, target[:3])
+    with pytest.raises(TypeError, match="x_context"):
+        baselines.zero(x.tolist(), y, q)
+    with pytest.raises(TypeError, match="y_query"):
+        baselines.optimal_one_step_lr(x, y, q, target.tolist())
+
+
+def test_non_finite_rates_name_themselves_and_batched_shape_messages():
+    x, y, q, target = prompts(batch=(2, 3), N=6, d=4)
+    with pytest.raises(ValueError, match="^ridge"):
+        baselines.least_squares(x, y, q, float("nan"))
+    with pytest.raises(ValueError, match="^lr"):
+        baselines.one_step_gd(x, y, q, float("nan"))
+    with pytest.raises(ValueError, match=r"^y_query must be \(\.\.\.\) = \(2, 3\), got \(2,\)"):
+        baselines.optimal_one_step_lr(x, y, q, target[:, 0])

@@ -1,41 +1,115 @@
-"""The one table of every empirical claim: its rows, its margins and seed counts against the rules
-they describe, the saved file kept in step with the records, and the command line."""
+"""The one table of every empirical claim: its rows and fields, three rows recomputed from the raw
+records with arithmetic of their own, the family correction, the saved file kept in step with the
+records, and the command line."""
 
 import json
+import math
 import shutil
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from icl_lens import claims_table, verdicts
+from icl_lens import claims_table, statistics
 from icl_lens.__main__ import main
 from icl_lens.results import repository_root
 
 DATA = repository_root() / "book" / "data"
-RULES = {"helps": verdicts.helps, "hurts": verdicts.hurts, "no gain": verdicts.no_gain,
-         "not worse": verdicts.not_worse, "comparable": verdicts.comparable}
 
 
-def test_every_row_has_the_fields_and_a_verdict_in_the_vocabulary():
-    rows = claims_table.every_claim()
+@pytest.fixture(scope="module")
+def rows():
+    return claims_table.every_claim()
+
+
+def by_id(rows):
+    return {row["id"]: row for row in rows}
+
+
+def test_every_row_has_the_fields_and_a_verdict_in_the_vocabulary(rows):
     assert all(tuple(row) == claims_table.FIELDS for row in rows)
-    assert {row["verdict"] for row in rows} <= set(claims_table.VOCABULARY)
+    judged = [row for row in rows if row["verdict"] != "not run"]
+    assert {row["verdict"] for row in judged} <= set(claims_table.VOCABULARY) == {"agrees", "disagrees",
+                                                                                   "inconclusive"}
+    assert len(judged) >= 65 and len({row["id"] for row in rows}) == len(rows)
     assert {row["paper"] for row in rows} == {"R&L", "Li et al."}
-    assert {row["section"] for row in rows} == {"experiments", "across_tasks", "bert", "closeness_experiment"}
-    assert len({row["id"] for row in rows}) == len(rows) and len(rows) >= 35
-    assert sum(row["quantity"].startswith("speed") for row in rows) >= 5
-    # a decisive verdict held its condition: its margin is not negative
-    assert all(row["margin"] >= 0 for row in rows
-               if row["verdict"] in ("agrees", "disagrees") and row["margin"] is not None)
-    # an inconclusive paired comparison says how many seeds it would need; a decisive one does not
+    assert sum(row["quantity"].startswith("speed") for row in judged) >= 5
+    for row in judged:
+        if row["p"] is None:          # a threshold of its own: no seeds to test
+            continue
+        assert row["kind"] in statistics.KINDS + ("unstable",) and row["scope"] in ("every", "some"), row["id"]
+        assert row["n"] >= 1
+        if row["verdict"] != "inconclusive":
+            assert row["p"] <= 0.05 and (row["coverage"] is None or row["coverage"] >= 0.95), row["id"]
+        else:
+            assert row["why"], row["id"]      # and seeds_needed: simulated, None meaning more than 100
+    # the rows that cannot be run are listed apart, with the reason
+    apart = [row for row in rows if row["verdict"] == "not run"]
+    assert apart and all(row["why"] and row["p"] is None for row in apart)
+    # no seed is set apart for a reason found after training: only the screen, decided before
+    for row in judged:
+        for reason in (row["seeds_apart"] or {}).values():
+            assert reason.startswith("fails the screen"), row["id"]
+
+
+def test_three_rows_recomputed_from_the_raw_records(rows):
+    found = by_id(rows)
+    # 1. trigonometric-negative-worse: each negative-sample model's final loss against the normal
+    # model's, seeds that pass the screen, log ratios; "worse" on every setting
+    record = json.loads((DATA / "experiments" / "task_trigonometric.json").read_text())
+    end = record["run_lengths"].index(len(record["epochs"]))
+    seeds = [int(s) for s, screen in record["screening"].items() if screen["passes"]]
+    loss = {(m["name"], m["seed"]): m["test_loss_by_length"][end] for m in record["models"]}
+    p_values, effects = [], []
+    for name in ("k=3 beta=0.1", "k=5 beta=0.1"):
+        x = sorted(math.log(loss[name, s] / loss["normal", s]) for s in seeds)
+        n = len(x)
+        effects.append((x[(n - 1) // 2] + x[n // 2]) / 2)
+        below_band = sum(v < math.log(1.1) for v in x)
+        p_values.append(sum(math.comb(n, j) for j in range(below_band, n + 1)) / 2 ** n)
+    row = found["trigonometric-negative-worse"]
+    # disagrees: for some setting the median is below the band (p of that test <= 0.05)
+    assert row["verdict"] == "disagrees" and min(p_values) <= 0.05
+    assert row["p"] == pytest.approx(min(p_values))
+    assert any(row["effect"] == pytest.approx(e) for e, p in zip(effects, p_values) if p == min(p_values))
+    # 2. table1-negative: negative samples against the normal model on the stand-in, accuracy at 5 epochs
+    table = json.loads((DATA / "table1" / "table1.json").read_text())
+    accuracy = {(r["setting"], r["seed"]): r["validation"][-1][table["metric"]] for r in table["runs"]
+                if r["epochs"] == table["study"]["epochs"]}
+    worse = [accuracy["normal", s] - accuracy["r=0.2 beta=0.1", s] for s in table["study"]["seeds"]]
+    row = found["table1-negative"]
+    n = len(worse)
+    assert row["effect"] == pytest.approx(sorted(worse)[n // 2])
+    below_band = sum(v < 0.01 for v in worse)
+    assert row["p"] == pytest.approx(sum(math.comb(n, j) for j in range(below_band, n + 1)) / 2 ** n)
+    assert row["verdict"] == ("disagrees" if row["p"] <= 0.05 else "inconclusive")
+    # 3. li-model-cos-rises-n25: Model Cos at the last checkpoint minus the first, per seed
+    closeness = json.loads((DATA / "closeness" / "closeness.json").read_text())
+    rises = sorted(r["model_cos"][-1] - r["model_cos"][0] for r in closeness["lengths"]["25"]["softmax"])
+    row = found["li-model-cos-rises-n25"]
+    n = len(rises)
+    above = sum(v > 0 for v in rises)
+    p = sum(math.comb(n, j) for j in range(above, n + 1)) / 2 ** n
+    assert row["effect"] == pytest.approx(rises[n // 2]) and row["p"] == pytest.approx(p)
+    assert row["lower"] == pytest.approx(rises[0]) and row["upper"] == pytest.approx(rises[-1])   # k = 1 at n = 5
+    assert row["verdict"] == ("agrees" if p <= 0.05 and rises[n // 2] >= 0.01 else "inconclusive")
+
+
+def test_family_correction_over_the_rows(rows):
+    family = [row for row in rows if row["p_family"] is not None]
+    assert family and all(row["p"] is not None and not row["cannot_decide"] for row in family)
+    m = len(family)
+    c = sum(1 / i for i in range(1, m + 1))
+    smallest = min(family, key=lambda row: row["p"])
+    # the smallest p's adjusted value is at most m c(m) p / 1 and at least c(m) p (BY's step-up)
+    assert c * smallest["p"] - 1e-12 <= smallest["p_family"] <= min(1.0, m * c * smallest["p"]) + 1e-12
     for row in rows:
-        if row["seeds_needed"] is not None:
-            assert row["verdict"] == "inconclusive" and row["seeds_needed"] > row["seeds"]
+        if row["survives_family"]:
+            assert row["verdict"] != "inconclusive" and row["p_family"] <= 0.05
+    # rows whose smallest attainable p cannot pass stay out of the family
+    assert all(row["p_family"] is None for row in rows if row["cannot_decide"])
 
 
-def test_saved_table_is_the_table_of_the_saved_records():
-    assert claims_table.saved() == json.loads(json.dumps(claims_table.every_claim()))
+def test_saved_table_is_the_table_of_the_saved_records(rows):
+    assert claims_table.saved() == json.loads(json.dumps(rows))
 
 
 def test_a_stale_saved_table_is_refused_with_the_claim_named(tmp_path):
@@ -48,68 +122,23 @@ def test_a_stale_saved_table_is_refused_with_the_claim_named(tmp_path):
         claims_table.saved(path)
 
 
-intervals = st.tuples(st.floats(-1, 1), st.floats(0, 1)).map(lambda pair: [pair[0], pair[0] + pair[1]])
+def test_why_an_inconclusive_row_is_inconclusive():
+    assert "cannot decide at n = 4" in claims_table.why_inconclusive(
+        {"n": 4, "k": 1, "cannot_decide": True, "lower": None, "upper": None}, "inconclusive", "inconclusive")
+    assert claims_table.why_inconclusive({"n": 5, "cannot_decide": False, "lower": -1.0, "upper": 1.0},
+                                         "agrees", "inconclusive") == "agrees at the end, inconclusive at half of training"
+    assert "reach both sides" in claims_table.why_inconclusive(
+        {"n": 5, "cannot_decide": False, "lower": -1.0, "upper": 1.0}, "inconclusive", "inconclusive")
 
 
-@settings(max_examples=600, deadline=None)
-@given(intervals, st.floats(0.001, 0.5), st.sampled_from(sorted(RULES)), st.booleans(), st.floats(0, 1))
-def test_margin_is_positive_exactly_when_the_rule_decides(interval, band, rule, lower_is_better, where):
-    effect = None
-    if rule in ("helps", "hurts"):    # with the median inside the interval, which must pass the band
-        effect = interval[0] + where * (interval[1] - interval[0])
-        verdict = RULES[rule](interval, band, lower_is_better=lower_is_better, effect=effect)
-    elif rule == "comparable":
-        verdict = RULES[rule](interval, band)
-    else:
-        verdict = RULES[rule](interval, band, lower_is_better=lower_is_better)
-    found = claims_table.margin(rule, interval, band, lower_is_better=lower_is_better, verdict=verdict,
-                                effect=effect)
-    if verdict == "inconclusive":
-        assert found <= 0
-    else:
-        assert found >= 0
-
-
-def test_margin_on_hand_built_intervals():
-    # helps on a loss: agreeing by 0.02 (the interval's upper end at -0.02)
-    assert claims_table.margin("helps", [-0.1, -0.02], 0.01, verdict="agrees") == pytest.approx(0.02)
-    # straddling zero, beyond the band: 0.03 short of leaving zero upwards, 0.04 downwards
-    assert claims_table.margin("helps", [-0.04, 0.03], 0.01, verdict="inconclusive") == pytest.approx(-0.03)
-    # inside the band: disagrees with room band - largest |end|
-    assert claims_table.margin("helps", [-0.004, 0.002], 0.01, verdict="disagrees") == pytest.approx(0.006)
-    # the same interval read as an accuracy (higher is better) for a no-gain claim
-    assert claims_table.margin("no gain", [-0.004, 0.002], 0.01, lower_is_better=False,
-                               verdict="agrees") == pytest.approx(0.008)
-    with pytest.raises(ValueError, match="rule"):
-        claims_table.margin("better", [0.0, 1.0], 0.1)
-
-
-def test_seeds_needed_grows_with_the_spread_and_has_no_answer_on_the_threshold():
-    narrow = [0.02, 0.03, 0.025, -0.01, 0.04]
-    wide = [0.2 * d for d in (1, -1, 2, -2, 0.5)]
-    few = claims_table.seeds_needed(narrow, 0.025, 0.01)
-    assert few is not None and few > len(narrow)
-    many = claims_table.seeds_needed([0.025 + w for w in wide], 0.025, 0.01)
-    assert many > few
-    assert claims_table.seeds_needed(narrow, 0.01, 0.01) is None   # effect exactly at the band
-    # an effect inside the band: seeds to fit the interval in the band
-    assert claims_table.seeds_needed([0.001, -0.002, 0.004, 0.0, 0.003], 0.001, 0.01) > 5
-
-
-def test_a_verdict_outside_the_vocabulary_is_refused():
-    assert claims_table.vocabulary("partly: aligned, but 1.06 x GD*'s loss") == "partly"
-    assert claims_table.vocabulary("does not hold") == "disagrees"
-    with pytest.raises(ValueError, match="maybe"):
-        claims_table.vocabulary("maybe")
-
-
-def test_claims_command_prints_the_table_and_refuses_a_missing_folder(capsys, tmp_path):
+def test_claims_command_prints_each_row_with_its_id_and_the_counts(capsys, tmp_path, rows):
     main(["claims"])
     printed = capsys.readouterr().out
-    rows = claims_table.every_claim()
     table = [line for line in printed.splitlines() if line.startswith("| ")]
     assert len(table) == len(rows) + 1          # the header and one line a claim
-    assert all(row["claim"] in printed for row in rows)
+    assert all(f"`{row['id']}`" in printed for row in rows)
+    found = claims_table.counts(rows)
+    assert f"agrees {found['agrees']}, disagrees {found['disagrees']}" in printed and "Benjamini-Yekutieli" in printed
     with pytest.raises(SystemExit) as stopped:
         main(["claims", "--data", str(tmp_path / "nowhere")])
     assert stopped.value.code == 2
@@ -127,7 +156,7 @@ def test_claims_rerun_judges_one_study_again_from_its_saved_record(capsys, tmp_p
     claims.write_text(json.dumps(tampered))
     main(["claims", "--data", str(tmp_path / "data"), "--rerun", "table1"])
     assert json.loads(claims.read_text()) == json.loads(before)
-    assert "The best regularized setting does not beat" in capsys.readouterr().out
+    assert "no regularized setting beats" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["claims", "--train"])
     assert "--rerun" in capsys.readouterr().err

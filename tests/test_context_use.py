@@ -103,3 +103,63 @@ def test_saved_run_measures_every_model_and_the_intact_loss_is_its_test_loss():
                 assert found["intact"] == pytest.approx(model["test_loss"] / scale, rel=1e-4, abs=1e-6)
     for setting, seeds in context["across_tasks"].items():
         assert len(seeds) >= 5 and all(set(v) == set(context_use.MEASURES) for v in seeds.values()), setting
+
+
+def test_measure_against_a_loop():
+    """Two models (a leading dimension), 3 prompts of 4 tokens, 2 label coordinates: each loss is
+    sum over the label coordinates, mean over the prompts, of the squared error over the label
+    variance, written out; the query weight is the mean over the prompts."""
+    g = generator(4)
+    tokens = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64)
+    targets = torch.randn(2, 3, 2, generator=g, dtype=torch.float64)
+    other = torch.randn(2, 3, 3, 2, generator=g, dtype=torch.float64)
+    order = torch.stack([torch.stack([torch.randperm(3, generator=g) for _ in range(3)]) for _ in range(2)])
+    weights = torch.rand(2, 3, generator=g, dtype=torch.float64)
+
+    def predict(prompts):   # changes with every prompt change, the order of the tokens included
+        position = torch.arange(1, prompts.shape[-2] + 1, dtype=prompts.dtype).unsqueeze(-1)
+        return (position * prompts).sum(-2)[..., 2:4]
+
+    found = context_use.measure(predict, lambda t: weights, tokens, targets, other_labels=other, order=order,
+                                label_variance=0.7)
+
+    def loss(prompts, model):
+        squared = [sum(float(predict(prompts)[model, p, k] - targets[model, p, k]) ** 2 for k in range(2))
+                   for p in range(3)]
+        return sum(squared) / 3 / 0.7
+
+    for model in range(2):
+        labels = tokens[..., :-1, -2:]
+        shuffled = tokens.clone()
+        for p in range(3):
+            shuffled[model, p, :-1, -2:] = labels[model, p, order[model, p]]
+        replaced = tokens.clone()
+        replaced[..., :-1, -2:] = other
+        expected = {"intact": loss(tokens, model), "other_task_labels": loss(replaced, model),
+                    "shuffled_labels": loss(shuffled, model), "query_alone": loss(tokens[..., -1:, :], model),
+                    "query_weight": float(weights[model].sum()) / 3}
+        for key, value in expected.items():
+            assert abs(float(found[key][model]) - value) < 1e-12 * max(1.0, abs(value)), key
+
+
+def test_label_row_cosine_batched_against_a_loop():
+    g = generator(5)
+    W_V = torch.randn(3, 6, 6, generator=g, dtype=torch.float64)
+    task_weight = torch.randn(3, 2, 4, generator=g, dtype=torch.float64)
+    found = context_use.label_row_cosine(W_V, task_weight)
+    for model in range(3):
+        row, weight = W_V[model, -2:, :4].flatten(), task_weight[model].flatten()
+        expected = float(row @ weight) / float(row.norm() * weight.norm())
+        assert abs(float(found[model]) - expected) < 1e-14
+
+
+def test_medians_are_float64_and_seeded_orders_repeat():
+    by_seed = {seed: {name: value for name in context_use.MEASURES} for seed, value in ((0, 0.1), (1, 0.3), (2, 0.2))}
+    assert context_use.medians(by_seed) == {name: 0.2 for name in context_use.MEASURES}   # 0.2 exactly, not float32's
+    first, again = (context_use.random_orders(4, 9, generator(7)) for _ in range(2))
+    assert torch.equal(first, again)
+    assert torch.equal(first.sort(-1).values, torch.arange(9).expand(4, 9))
+    # labels of another dtype take the tokens' dtype
+    tokens = torch.zeros(2, 3, 3, dtype=torch.float32)
+    changed = context_use.with_demonstration_labels(tokens, torch.ones(2, 2, 1, dtype=torch.float64))
+    assert changed.dtype == torch.float32 and (changed[:, :-1, -1] == 1).all()

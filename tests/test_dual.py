@@ -116,7 +116,7 @@ def test_float32_and_devices(device):
     [
         (dict(demos=torch.ones(0, 4, dtype=torch.float64)), "demos"),
         (dict(queries=torch.ones(4, dtype=torch.float64)), "queries"),
-        (dict(demos=torch.ones(3, 5, dtype=torch.float64)), "queries_in|context"),
+        (dict(demos=torch.ones(3, 5, dtype=torch.float64)), "demos"),
         (dict(query_index=3), "query_index"),
         (dict(lr=0.0), "lr"),
         (dict(W_K=torch.ones(2, 4, dtype=torch.float64)), "W_Q"),
@@ -133,3 +133,12 @@ def test_bad_input_names_the_argument(change, message):
     arguments.update(change)
     with pytest.raises(ValueError, match=message):
         dual.dual_model(**arguments)
+
+
+def test_token_spread_leaves_the_query_out():
+    """Collapsed demonstrations with a distinct query: spread 0 (counting the query would give 0.67).
+    Demonstrations [0], [2]: distances to their mean 1 and 1, norms 0 and 2, so spread 1 / 1 = 1."""
+    collapsed = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 5.0]], dtype=torch.float64)
+    assert dual.token_spread(collapsed) == 0.0
+    spread = dual.token_spread(torch.tensor([[0.0], [2.0], [100.0]], dtype=torch.float64))
+    assert abs(spread - 1.0) < 1e-15

@@ -277,3 +277,26 @@ def test_without_the_temperature_queries_and_keys_are_not_scaled():
     weights, values, _, _ = ensemble.attend(alone)
     assert torch.allclose(weights, torch.ones_like(weights))
     assert torch.allclose(ensemble(alone), values[..., 0, :])
+
+
+def test_test_loss_is_the_mean_squared_error_of_the_query_predictions():
+    """test_loss against the squared error of each sequence's query written out with kernel_attention,
+    with 7 sequences in chunks of 3 (the chunk size 2^22 // (models x tokens x features) = 3 here),
+    so that the last chunk of 1 must be weighted by its size."""
+    from icl_lens.training.ensemble import test_loss
+
+    tokens_per_sequence, features = 64, 20_000
+    assert 2**22 // (1 * tokens_per_sequence * features) == 3
+    ensemble = ensemble_of([Modification()], seed=2, token_dim=3, num_features=features)
+    g = generator(11)
+    tokens = 2 * torch.rand(1, 7, tokens_per_sequence, 3, generator=g, dtype=torch.float64) - 1
+    targets = torch.randn(1, 7, 1, generator=g, dtype=torch.float64)
+    W_Q, W_K, W_V = weights_of(ensemble, 0)
+    phi = kernels.PositiveRandomFeatures(ensemble.omega[0])
+    errors = []
+    for X, target in zip(tokens[0], targets[0]):
+        prediction = kernel_attention(X[-1:], X, W_Q, W_K, W_V, feature_map=phi)[0, -1]
+        errors.append(float((prediction - target[0]) ** 2))
+    got = test_loss(ensemble, tokens, targets)
+    assert got.shape == (1,)
+    assert abs(float(got[0]) - sum(errors) / 7) < 1e-12 * sum(errors) / 7

@@ -3,6 +3,7 @@ with its learning-rate control, baselines on every seed, the same bytes from the
 command line."""
 
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -20,6 +21,15 @@ from conftest import ROOT, RecordingPool
 KINDS = ("linear", "trigonometric", "exponential")
 
 
+def numeric_leaves(value):
+    """Every number in a JSON record (booleans left out)."""
+    if isinstance(value, dict):
+        return [x for item in value.values() for x in numeric_leaves(item)]
+    if isinstance(value, list):
+        return [x for item in value for x in numeric_leaves(item)]
+    return [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+
+
 @pytest.fixture(scope="module")
 def quick_all(tmp_path_factory):
     out = tmp_path_factory.mktemp("reproduce")
@@ -33,8 +43,11 @@ def test_every_figure_is_written(quick_all):
     assert set(FIGURES) <= set(written)
     for name in FIGURES:
         paths = written[name]
-        json.loads(paths["json"].read_text())
+        record = json.loads(paths["json"].read_text())
         if name != "claims":
+            # the numbers the figure plots: a real record holds many, all finite
+            numbers = numeric_leaves(record)
+            assert len(numbers) >= 10 and all(math.isfinite(x) for x in numbers), name
             assert paths["png"].stat().st_size > 10_000, name      # a real plot, not an empty canvas
     assert {f"{name}.json" for name in OUTPUTS} <= {p.name for p in out.iterdir()}
     judged = json.loads((out / "claims.json").read_text())["claims"]
@@ -242,7 +255,7 @@ def test_context_use_and_temperature_check_are_written(quick_all):
                 scale = record["baselines"][str(model["seed"])]["label_variance"]
                 assert abs(found["intact"] - model["test_loss"] / scale) <= 1e-4 * found["intact"] + 1e-6
     assert set(context["across_tasks"]) == {"paper task (random-features)", "paper task (softmax)"}
-    reproduce(["temperature"], out=out, quick=True, reuse=True, log=None)   # the linear record from out
+    reproduce(["temperature"], out=out, quick=True, log=None)   # the linear record from out
     temperature = json.loads((out / "temperature.json").read_text())
     assert temperature["record"]["config"]["temperature"] is False
     assert {c["id"] for c in temperature["claims"]} == {

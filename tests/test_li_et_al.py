@@ -10,7 +10,7 @@ from icl_lens.studies import li_et_al
 from icl_lens.training import prompt_layer
 from icl_lens import softmax_regression as sr
 from icl_lens.device import generator
-from icl_lens.results import repository_root
+from icl_lens.results import repository_root, to_plain
 
 
 def prompts(task=li_et_al.SoftmaxRegressionTask(25, 20), count=64, seed=0):
@@ -102,21 +102,27 @@ def test_saved_full_run_is_complete_and_its_verdicts_recompute():
                 assert 0 < run["theorem"][side]["ratio_tight"] <= 1
     assert sorted(int(d) for d in record["dims"]) == [5, 10, 20, 40]
     found = li_et_al.claims(record)
-    assert len(found) == 2 * len(record["lengths"]) + 2   # closeness and Model Cos per length
-    assert all(v["verdict"] for v in found)
+    # per length: the loss and the alignment halves of closeness, and Model Cos rising; then two more
+    assert len(found) == 3 * len(record["lengths"]) + 2
+    # judged again from the saved runs, every claim (verdict, interval, values) is the saved one
+    saved_claims = json.loads((saved.parent / "closeness_claims.json").read_text())["claims"]
+    assert json.loads(json.dumps(to_plain(found))) == saved_claims
 
 
-def test_closeness_verdict_reads_the_seeds_intervals():
-    """Five seeds at 1.06 x GD*'s loss, aligned: partly; the same median with the seeds spread across
-    the 5% band: inconclusive, however the median falls; within 2% everywhere: agrees."""
+def test_closeness_verdict_reads_the_seeds_sign_tests():
+    """Six seeds at 1.06 x GD*'s loss, aligned: partly (beyond the 5% band needs the sign test at
+    0.025, six of six); five such seeds cannot show it; the seeds spread across the band:
+    inconclusive; within 2% everywhere: agrees; far off and not aligned on six seeds: disagrees."""
     def runs(ratios, cosines):
         return [{"schedule": "decay", "loss": [0.5 * q], "model_cos": [c],
                  "baselines": {"one GD step (lr*)": 0.5}} for q, c in zip(ratios, cosines)]
 
     aligned = [0.96, 0.97, 0.98, 0.96, 0.99]
     summary = {"trained layer": 0.53, "one GD step (lr*)": 0.5, "model_cos": 0.97}
-    assert li_et_al.closeness_verdict(summary, runs([1.06, 1.07, 1.06, 1.08, 1.06], aligned)).startswith("partly")
+    assert li_et_al.closeness_verdict(summary, runs([1.06, 1.07, 1.06, 1.08, 1.06, 1.07],
+                                                    aligned + [0.97])).startswith("partly")
+    assert li_et_al.closeness_verdict(summary, runs([1.06, 1.07, 1.06, 1.08, 1.06], aligned)).startswith("inconclusive")
     spread = li_et_al.closeness_verdict(summary, runs([0.98, 1.06, 1.03, 1.09, 1.01], aligned))
     assert spread.startswith("inconclusive") and "loss ratio" in spread
     assert li_et_al.closeness_verdict(summary, runs([1.01, 0.99, 1.02, 1.0, 0.98], aligned)) == "agrees"
-    assert li_et_al.closeness_verdict(summary, runs([1.2, 1.3, 1.25, 1.4, 1.2], [0.5] * 5)) == "disagrees"
+    assert li_et_al.closeness_verdict(summary, runs([1.2, 1.3, 1.25, 1.4, 1.2, 1.3], [0.5] * 6)) == "disagrees"

@@ -106,3 +106,67 @@ def test_lemma_d_1_on_a_singular_attention_matrix():
     nonzero = real_bad[real_bad.abs() > 1e-9]
     assert float(torch.linalg.svdvals(A + float(nonzero[0]) * torch.eye(6, dtype=torch.float64)).min()) < 1e-8
     assert m.safe_radius(torch.zeros(3, 3, dtype=torch.float64)) == math.inf
+
+
+def test_lowest_attention_neighbours_against_a_sort():
+    scores = torch.randn(5, 5, generator=generator(8), dtype=torch.float64)
+    for k in (1, 4):
+        found = m.lowest_attention_neighbours(scores, k)
+        for i in range(5):
+            others = sorted((float(scores[i, j]), j) for j in range(5) if j != i)
+            assert found[i].tolist() == [j for _, j in others[:k]]
+    for k in (0, 5):
+        with pytest.raises(ValueError, match=f"k must be between 1 and 4, got {k}"):
+            m.lowest_attention_neighbours(scores, k)
+
+
+def test_step_counts_zero_steps_and_their_errors():
+    _, _, _, prompt = prompt_setup(6, 3, 20, 1)
+    assert torch.equal(m.regularized_steps(prompt, 0.3, 0), prompt.initial_weight())
+    assert torch.allclose(m.exponential_smoothing(prompt, 0.3, 0), prompt.initial_weight(), rtol=1e-15, atol=0)
+    for steps in (-1, True, 2.0):
+        with pytest.raises(ValueError, match=f"steps must be a non-negative integer, got {steps!r}"):
+            m.regularized_steps(prompt, 0.3, steps)
+    with pytest.raises(ValueError, match="alpha must be nonzero here"):
+        m.exponential_smoothing(prompt, 0.0, 3)
+    W = prompt.initial_weight()
+    for call, name in ((lambda: m.regularized_loss(prompt, W, float("nan"), 1.0), "alpha"),
+                       (lambda: m.regularized_loss(prompt, W, 0.1, 0.0), "lr"),
+                       (lambda: m.regularized_steps(prompt, float("nan"), 2), "alpha"),
+                       (lambda: m.exponential_smoothing(prompt, float("nan"), 2), "alpha"),
+                       (lambda: m.ridge_attention(prompt, 0.0), "ridge"),
+                       (lambda: m.ridge_loss(prompt, W, 0.0), "ridge")):
+        with pytest.raises(ValueError, match=f"^{name}"):
+            call()
+
+
+def test_kernel_prompt_default_scale_and_errors():
+    """The default temperature is 1 / sqrt(d_o), d_o the rows of W_K (3 here, tokens of 5)."""
+    g = generator(9)
+    X = torch.randn(4, 5, generator=g, dtype=torch.float64)
+    W_Q, W_K = (torch.randn(3, 5, generator=g, dtype=torch.float64) for _ in range(2))
+    W_V = torch.randn(5, 5, generator=g, dtype=torch.float64)
+    phi = kernels.PositiveRandomFeatures(kernels.draw_omega(3, 10, generator=g))
+    default = m.kernel_prompt(X[:3], X[3:], W_Q, W_K, W_V, phi)
+    assert torch.allclose(default.query, 3**-0.25 * X[3] @ W_Q.T, rtol=1e-14, atol=0)
+    assert torch.allclose(default.demo_keys, 3**-0.25 * X[:3] @ W_K.T, rtol=1e-14, atol=0)
+    with pytest.raises(ValueError, match=r"^demos must be \(tokens, d\), got shape \(5,\)"):
+        m.kernel_prompt(X[0], X[3:], W_Q, W_K, W_V, phi)
+    with pytest.raises(TypeError, match="^queries must"):
+        m.kernel_prompt(X[:3], X[3:].tolist(), W_Q, W_K, W_V, phi)
+    with pytest.raises(ValueError, match="^scale"):
+        m.kernel_prompt(X[:3], X[3:], W_Q, W_K, W_V, phi, scale=0.0)
+
+
+def test_bad_alphas_and_safe_radius_closed_forms():
+    """For a diagonal A the bad alphas are minus its diagonal; roots below 1e-12 of the largest
+    (or of 1) count as zero."""
+    A = torch.diag(torch.tensor([0.5, -2.0, 3.0], dtype=torch.float64))
+    assert sorted(m.bad_alphas(A).real.tolist()) == [-3.0, -0.5, 2.0]
+    assert m.safe_radius(torch.diag(torch.tensor([1.5e-12, 0.5], dtype=torch.float64))) == 1.5e-12
+    assert m.safe_radius(torch.diag(torch.tensor([1e-9, 1e6], dtype=torch.float64))) == 1e6
+    for shape in ((2, 3), (2, 2, 2)):
+        with pytest.raises(ValueError, match=rf"^A must be square, got shape \({', '.join(map(str, shape))}\)"):
+            m.bad_alphas(torch.ones(shape, dtype=torch.float64))
+    with pytest.raises(TypeError, match="^A must"):
+        m.bad_alphas([[1.0]])

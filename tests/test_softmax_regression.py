@@ -101,9 +101,40 @@ RADII = [0.5, 2.0, 4.5]
 def test_no_counterexample_and_shrunk_bound_is_caught(name, inequality, sampler, free):
     kept = ce.search(inequality, sampler, sizes=SIZES, radii=RADII, batch=100, generator=generator(1), free=free, steps=25)
     assert 0 < kept.max_ratio <= 1.0
-    shrunk = ce.search(inequality, sampler, sizes=SIZES, radii=RADII, batch=100, generator=generator(1), free=free,
-                       steps=25, rhs_scale=kept.max_ratio / 2)
-    assert shrunk.max_ratio > 1.0
+
+
+@pytest.mark.parametrize("n, d, R", [(3, 2, 0.5), (12, 5, 2.0)])
+def test_each_lemma_states_the_papers_constant(n, d, R):
+    """The right-hand side of each lemma against the constant written out by hand (a looser one, such
+    as 2 n R e^{R^2} for 2 sqrt(n) R e^{R^2}, keeps every ratio <= 1, so only this can catch it)."""
+    g = generator(6)
+    setting = ce.sample_x_setting(1, n, d, R, g)
+    A, x, y = setting["A"][0], setting["x"][0], setting["y"][0]
+    alphas = [float(torch.exp(A @ v).sum()) for v in (x, y)]
+    beta = 0.9 * min(alphas)
+    distance, growth = float((x - y).norm()), R * math.exp(R**2)
+    by_hand = {
+        sr.lipschitz_exp_x: 2 * math.sqrt(n) * growth * distance,
+        sr.lipschitz_alpha_x: 2 * n * growth * distance,
+        lambda *a: sr.lipschitz_alpha_inverse_x(*a, beta): 2 * n * growth / beta**2 * distance,
+        lambda *a: sr.shift_bound_x(*a, beta): 4 * n**1.5 * R * math.exp(2 * R**2) / beta**2 * distance,
+    }
+    for lemma, expected in by_hand.items():
+        assert float(lemma(A, x, y, R)[1]) == pytest.approx(expected, rel=1e-12)
+    setting = ce.sample_A_setting(1, n, d, R, g)
+    A, B, x = setting["A"][0], setting["B"][0], setting["x"][0]
+    alphas = [float(torch.exp(M @ x).sum()) for M in (A, B)]
+    beta = 0.9 * min(alphas)
+    distance = float(torch.linalg.svdvals(A - B)[0])
+    by_hand = {
+        sr.lipschitz_exp_A: 2 * math.sqrt(n) * growth * distance,
+        sr.lipschitz_alpha_A: 2 * n * growth * distance,
+        lambda *a: sr.lipschitz_alpha_inverse_A(*a, beta): 2 * n * growth / beta**2 * distance,
+        lambda *a: sr.shift_bound_A(*a, beta):
+            (2 * n**1.5 / beta**2 + 2 * n**0.5 / beta) * R * math.exp(2 * R**2) * distance,
+    }
+    for lemma, expected in by_hand.items():
+        assert float(lemma(A, B, x, R)[1]) == pytest.approx(expected, rel=1e-12)
 
 
 def test_samplers_respect_assumptions():
@@ -136,13 +167,14 @@ def test_weight_shift_experiment():
 @pytest.mark.parametrize("form, side", [(sr.tight_basic_fact, "x"), (sr.tight_exp, "x"), (sr.tight_alpha, "x"),
                                         (sr.tight_alpha_inverse, "x"), (sr.tight_softmax, "x"),
                                         (sr.tight_exp, "A"), (sr.tight_alpha, "A"), (sr.tight_softmax, "A")])
-def test_best_constants_are_attained_and_fail_when_halved(form, side):
+def test_best_constants_are_attained(form, side):
+    """The search reaches at least 0.8 of each best constant (measured: 0.83 to 1.0), so a constant
+    1.25 times too large fails here and one too small gives a ratio above 1."""
     sampler = ce.sample_x_setting if side == "x" else ce.sample_A_setting
     free = ("x", "y") if side == "x" else ("A", "B")
     options = dict(sizes=SIZES, radii=RADII, batch=100, generator=generator(4), free=free, steps=40)
     attained = ce.search(ce.tight(form, side), sampler, **options)
-    assert 0.5 <= attained.max_ratio <= 1 + 1e-9
-    assert ce.search(ce.tight(form, side), sampler, rhs_scale=0.5, **options).max_ratio > 1.0
+    assert 0.8 <= attained.max_ratio <= 1 + 1e-9
 
 
 def test_differences_are_free_of_cancellation():

@@ -1,5 +1,5 @@
-"""The machinery every study shares, on hand-built inputs: the verdict rules in both directions
-(icl_lens.verdicts), the loop toolkit (icl_lens.training.loop), and the package's shape (no study
+"""The machinery every study shares, on hand-built inputs: the paired summary and the convergence
+criterion (icl_lens.verdicts; the decisions are tested in test_statistics.py), the loop toolkit (icl_lens.training.loop), and the package's shape (no study
 imports another; each mechanism has one home)."""
 
 import ast
@@ -19,54 +19,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 BAND = 0.01
 
 
-# intervals of differences (variant - reference) for a loss, where lower is better
-@pytest.mark.parametrize("interval, helps, hurts", [
-    ([-0.5, -0.2], "agrees", "disagrees"),          # better on every resample
-    ([0.2, 0.5], "disagrees", "agrees"),            # worse on every resample
-    ([-0.005, 0.004], "disagrees", "disagrees"),    # inside the band: no effect
-    ([-0.008, -0.002], "disagrees", "disagrees"),   # better, but by less than the band
-    ([-0.5, 0.3], "inconclusive", "inconclusive"),
-    ([None, None], "inconclusive", "inconclusive"),
-])
-def test_helps_and_hurts_for_a_loss(interval, helps, hurts):
-    assert verdicts.helps(interval, BAND) == helps
-    assert verdicts.hurts(interval, BAND) == hurts
-
-
-def test_the_same_rules_read_an_accuracy_the_other_way():
-    """An accuracy that rises is an improvement: the interval [0.2, 0.5] helps there and hurts a
-    loss. A claim coded in the wrong direction gets the opposite verdict, so the direction is
-    tested, not assumed."""
-    assert verdicts.helps([0.2, 0.5], BAND, lower_is_better=False) == "agrees"
-    assert verdicts.helps([0.2, 0.5], BAND, lower_is_better=True) == "disagrees"
-    assert verdicts.hurts([-0.5, -0.2], BAND, lower_is_better=False) == "agrees"
-
-
-def test_an_effect_smaller_than_the_band_counts_only_where_the_study_says_so():
-    small = [0.002, 0.008]           # an accuracy gain inside the band
-    assert verdicts.helps(small, BAND, lower_is_better=False, effect_beyond_band=True) == "disagrees"
-    assert verdicts.helps(small, BAND, lower_is_better=False, effect_beyond_band=False) == "agrees"
-
-
-@pytest.mark.parametrize("interval, no_gain, not_worse", [
-    ([0.02, 0.05], "disagrees", "agrees"),          # a clear gain
-    ([-0.05, -0.02], "agrees", "disagrees"),        # a clear loss
-    ([-0.005, 0.009], "agrees", "agrees"),          # within the band both ways
-    ([-0.03, 0.03], "inconclusive", "inconclusive"),
-])
-def test_no_gain_and_not_worse_for_an_accuracy(interval, no_gain, not_worse):
-    assert verdicts.no_gain(interval, BAND, lower_is_better=False) == no_gain
-    assert verdicts.not_worse(interval, BAND, lower_is_better=False) == not_worse
-
-
 def test_paired_comparison_counts_seeds_beyond_their_own_band_and_leaves_out_nan():
     differences = [-0.3, -0.05, 0.2, math.nan, -0.001]
     bands = [0.1, 0.01, 0.1, 0.1, 0.01]
     found = verdicts.paired_comparison(differences, bands)          # a loss: negative is better
     assert (found["better"], found["worse"]) == (2, 1)
-    assert found["median"] == -0.05                                # of the four that are kept
-    low, high = found["interval"]
-    assert -0.3 <= low <= found["median"] <= high <= 0.2
+    assert found["median"] == pytest.approx((-0.05 - 0.001) / 2)   # of the four kept: the middle two's mean
+    assert found["interval"] == [None, None] and found["coverage"] is None     # no 95% interval below 6
+    six = verdicts.paired_comparison([0.3, -0.2, 0.1, 0.05, -0.4, 0.0], [0.1] * 6)
+    assert six["interval"] == [-0.4, 0.3] and six["coverage"] == pytest.approx(1 - 2 / 64)
     flipped = verdicts.paired_comparison(differences, bands, lower_is_better=False)
     assert (flipped["better"], flipped["worse"]) == (1, 2)
     with pytest.raises(ValueError, match="bands"):
@@ -177,10 +138,11 @@ def test_no_study_imports_another_study():
 
 
 def test_each_shared_mechanism_is_defined_once():
-    """The SGD step, the decay schedule, the fork, the paired comparison, the bootstrap, the
-    verdict rules and the convergence criterion each have one definition in the package."""
-    names = ("sgd_step", "decay_factor", "fork_point", "fork", "run_jobs", "paired_comparison",
-             "bootstrap_median_interval", "helps", "hurts", "no_gain", "not_worse", "converged", "median")
+    """The SGD step, the decay schedule, the fork, the paired comparison, the decisions of claims,
+    their bounds and the convergence criterion each have one definition in the package."""
+    names = ("sgd_step", "decay_factor", "fork_point", "fork", "run_jobs", "paired_comparison", "decide",
+             "decide_claim", "one_sided_bounds", "two_sided_interval", "family_adjusted", "seeds_needed",
+             "converged", "median", "lower_median")
     defined = {}
     for path in (ROOT / "icl_lens").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

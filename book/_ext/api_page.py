@@ -31,12 +31,12 @@ SECTIONS = (
     ("Softmax regression (Li et al.)", ("softmax_regression", "counterexamples")),
     ("Training machinery", ("training", "training.ensemble", "training.prompt_layer", "training.data",
                             "training.loop")),
-    ("Verdicts", ("verdicts", "claims_table")),
+    ("Verdicts", ("statistics", "verdicts", "claims_table")),
     ("Studies", ("studies", "studies.section5", "studies.section5_claims", "studies.ffn_rank",
                  "studies.across_tasks", "studies.li_et_al", "studies.table1")),
     ("BERT (R&L Table 1)", ("bert", "bert.modify", "bert.glue", "bert.wordnet")),
     ("Figures", ("figures", "figures.style", "figures.theory", "figures.section5", "figures.prompt_layers",
-                 "figures.table1")),
+                 "figures.table1", "figures.claims")),
     ("Running and tools", ("reproduce", "results", "widgets", "device", "validation")),
 )
 CHAPTERS_LINE = re.compile(r"^Chapters:(.*?)(?:\n\s*\n|\Z)", re.S | re.M)

@@ -51,11 +51,24 @@ class GlueConfig:
     validation_size: int = 1000
 
     def __post_init__(self):
+        from icl_lens.bert.modify import BertModifications
+        from icl_lens.validation import check_positive_float, check_positive_int, check_seeds
+
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {list(TASKS)}, got {self.task!r}")
-        for name in ("batch", "epochs", "max_length"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("batch", "epochs", "max_length", "train_size", "validation_size"):
+            check_positive_int(getattr(self, name), name)
+        check_positive_float(self.lr, "lr")
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"model must be a checkpoint name or folder, got {self.model!r}")
+        check_seeds(self.seeds)
+        if not isinstance(self.switches, dict):
+            raise ValueError(f"switches must be a dict of modify_bert's keyword arguments, got {self.switches!r}")
+        unknown = set(self.switches) - set(BertModifications.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"switches: unknown modification(s) {sorted(unknown)}; choose from "
+                             f"{list(BertModifications.__dataclass_fields__)}")
+        BertModifications(**self.switches)   # each switch in its range
 
 
 def matthews(predicted, truth):
@@ -173,7 +186,8 @@ def fine_tune(model, tokenizer, train, validation, config, *, seed, device="cpu"
             accelerator.backward(loss)
             optimizer.step()
             schedule.step()
-            record["train_loss"].append(loss.item())
+            value = loss.item()
+            record["train_loss"].append(value if math.isfinite(value) else None)   # JSON has no nan: null
         record["validation"].append(evaluate(model, checking, config, accelerator))
         model.train()
     return record

@@ -22,6 +22,14 @@ BASELINES = {   # key in a record's baselines: (legend label, line style)
 }
 
 
+def _by_task(results):
+    """(task, value) pairs in the paper's task order, whichever order the keys came in (training
+    inserts them in its own order, JSON read back sorts them): a redraw is the same picture."""
+    order = list(section5.EXPERIMENTS)
+    return sorted(results.items(), key=lambda item: (order.index(item[0]) if item[0] in order else len(order),
+                                                     item[0]))
+
+
 def _partner_curves(result, group, seed=None):
     """The normal model's curves at the learning rate of ``group`` (its lr-matched control)."""
     lr = next(m["lr"] for m in result["models"] if m["group"] == group)
@@ -46,8 +54,10 @@ def _test_panel(axis, result, named_curves, normal, *, legend=True, compact=None
     finite = torch.cat([m[torch.isfinite(m)] for m in medians])
     low = max(FLOOR, 0.5 * float(finite.min())) if finite.numel() else FLOOR
     bottom = low * 0.8
-    for key, values in section5.normalised_baselines(result).items():
+    found = section5.normalised_baselines(result)
+    for key in [key for key in BASELINES if key in found]:   # a fixed legend order, not the record's key order
         label, style = BASELINES[key]
+        values = found[key]
         value = float(values.median())
         # a baseline far below every curve (the exact log least squares) sits on the bottom edge
         axis.axhline(max(value, bottom), color="grey", linestyle=style, linewidth=1.0,
@@ -100,7 +110,8 @@ def experiment_figure(result, groups, *, title, seed=None, equivalence=True):
     for unused in axes[count:]:
         unused.set_visible(False)
     if equivalence:
-        shown = result["equivalence"] if seed is None else {section5.seed_key(seed): result["equivalence"][section5.seed_key(seed)]}
+        seeds = result["config"]["seeds"] if seed is None else [seed]   # the config's order, not the record's
+        shown = {section5.seed_key(s): result["equivalence"][section5.seed_key(s)] for s in seeds}
         sgd_error_panel(axes.pop(0), {f"seed {s}": curve["squared_error"] for s, curve in shown.items()},
                         title="equivalence (Theorem 3.1)", ylabel="$\\|f(x) - h'\\|^2$", fontsize=8)
     for axis, group in zip(axes, groups):
@@ -147,7 +158,7 @@ def seeds_figure(result, groups, seeds, *, title):
 def combinations_figure(results, *, title="R&L Fig. 13: combinations of modifications"):
     """One test-loss panel per task: the combinations against the normal model and the baselines."""
     figure, axes = plt.subplots(len(results), 1, figsize=(COLUMN, 4.6 * len(results)), squeeze=False)
-    for axis, (task, result) in zip(axes[:, 0], results.items()):
+    for axis, (task, result) in zip(axes[:, 0], _by_task(results)):
         _test_panel(axis, result, section5.curves(result, "combination"), _partner_curves(result, "combination"),
                     compact=8)
         axis.set_title(task)
@@ -172,33 +183,37 @@ OFF_SCALE = 3.0   # log ratios beyond this (20 times worse, or diverged) are dra
 
 @styled
 def paired_figure(results, *, title):
-    """Per task, every variant's median paired difference to the normal model (the log ratio of
-    the two normalised test losses at the end, log(variant / normal)) with its bootstrap 95%
-    interval over the deciding seeds; each row's no-effect band (+-log 1.1) is shaded.
+    """Per task, every variant's paired differences to the normal model (the log ratio of the two
+    normalised test losses at the end, log(variant / normal)): one dot per voting seed, the median,
+    and the 95% sign-test interval where the seeds allow one (from 6); each row's no-effect band
+    (+-log 1.1) is shaded. Green: every seed better by more than the band; red: every seed worse.
     ``results`` maps a task to rows of :func:`icl_lens.studies.section5_claims.variant_rows`."""
-    heights = [max(2.5, 0.24 * len(rows) + 1.0) for rows in results.values()]
+    heights = [max(2.5, 0.24 * len(rows) + 1.0) for _, rows in _by_task(results)]
     figure, axes = plt.subplots(len(results), 1, figsize=(COLUMN, sum(heights)), squeeze=False,
                                 gridspec_kw={"height_ratios": heights})
-    for axis, (task, rows) in zip(axes[:, 0], results.items()):
+    for axis, (task, rows) in zip(axes[:, 0], _by_task(results)):
         for position, row in enumerate(rows):
             median, (low, high), band = row["median_difference"], row["interval"], row["no_effect"] or 0.0
             axis.fill_betweenx([position - 0.4, position + 0.4], -band, band, color="grey", alpha=0.25, linewidth=0)
-            if median is None or low is None or high is None:
+            if median is None:
                 axis.text(OFF_SCALE, position, "diverged", fontsize=8, va="center", ha="right", color="red")
                 continue
-            no_effect = section5_claims.inside_band(row)
-            color = "tab:grey" if no_effect else ("tab:green" if high < 0 else ("tab:red" if low > 0 else "tab:grey"))
-            shown = [min(x, OFF_SCALE) for x in (low, median, high)]
-            axis.errorbar(shown[1], position, xerr=[[shown[1] - shown[0]], [shown[2] - shown[1]]], fmt="o",
-                          color=color, markersize=4, capsize=2)
-            if high > OFF_SCALE:
+            color = ("tab:green" if row["better"] == row["seeds"] else
+                     "tab:red" if row["worse"] == row["seeds"] else "tab:grey")
+            seeds = [min(d, OFF_SCALE) for d in row["difference"] if d is not None]
+            axis.plot(seeds, [position] * len(seeds), "|", color=color, alpha=0.6, markersize=7)
+            if low is not None and high is not None:
+                axis.plot([max(low, -OFF_SCALE * 4), min(high, OFF_SCALE)], [position, position], color=color,
+                          linewidth=1.2)
+            axis.plot(min(median, OFF_SCALE), position, "o", color=color, markersize=4)
+            if max(seeds, default=0) >= OFF_SCALE:
                 axis.annotate("", (OFF_SCALE * 1.2, position), (OFF_SCALE, position),
                               arrowprops={"arrowstyle": "->", "color": color})
         axis.axvline(0, color="black", linewidth=0.8)
         axis.set_yticks(range(len(rows)), [r["name"] for r in rows], fontsize=8)
         axis.invert_yaxis()
         # a log ratio is already on a log scale: a linear axis, diverging runs drawn at its right edge
-        lows = [r["interval"][0] for r in rows if r["interval"][0] is not None]
+        lows = [d for r in rows for d in r["difference"] if d is not None]
         axis.set_xlim(min([-1.0, *(1.1 * x for x in lows)]), OFF_SCALE * 1.25)
         axis.set(xlabel="log(variant / normal) of the test MSE at the end", title=task)
         axis.grid(True, axis="x", alpha=0.3)
@@ -248,13 +263,14 @@ def context_use_figure(record):
     panels = [(f"{kind}: one task per seed, normal model", {seed: measures for seed, measures in
                                                              record["tasks"][kind]["normal"].items()})
               for kind in section5.EXPERIMENTS if kind in record["tasks"]]
-    panels += [(f"across tasks: {setting}", seeds) for setting, seeds in record["across_tasks"].items()]
+    panels += [(f"across tasks: {setting}", record["across_tasks"][setting]) for setting in sorted(record["across_tasks"])]
     columns = 3
     rows = math.ceil(len(panels) / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(COLUMN, 2.9 * rows), squeeze=False, sharey=True)
     positions = range(len(CONTEXT_LOSSES))
     for axis, (title, seeds) in zip(axes.flat, panels):
-        for seed, measures in seeds.items():
+        for seed in sorted(seeds, key=int):   # by number, whichever order the record's keys came in
+            measures = seeds[seed]
             values = [measures[key] if measures[key] is not None else math.nan for key, _ in CONTEXT_LOSSES]
             axis.plot(positions, [max(v, FLOOR) for v in values], "o-", linewidth=1.0, markersize=4, alpha=0.8,
                       label=f"seed {seed}")

@@ -23,7 +23,7 @@ from icl_lens.kernels import PositiveRandomFeatures, draw_omega
 from icl_lens.training.data import task_data, test_sets
 from icl_lens.training.ensemble import AttentionEnsemble, LayerConfig, Modification, equivalence_curve, squared_errors
 from icl_lens.training.loop import train
-from icl_lens.validation import check_positive_int
+from icl_lens.validation import check_positive_float, check_positive_int, check_seeds
 
 
 @dataclass(frozen=True)
@@ -104,8 +104,12 @@ class TrainedRankConfig:
     def __post_init__(self):
         for size in self.hidden_sizes:
             check_positive_int(size, "hidden_sizes")
-        for name in ("epochs", "tokens_per_epoch", "num_prompts"):
+        for name in ("epochs", "tokens_per_epoch", "num_prompts", "paper_saturation"):
             check_positive_int(getattr(self, name), name)
+        if not self.hidden_sizes:
+            raise ValueError("hidden_sizes must name at least one FFN width")
+        check_seeds(self.seeds)
+        check_positive_float(self.lr, "lr")
 
     def quick(self):
         return TrainedRankConfig(hidden_sizes=(4, 12, 33, 64), seeds=(0, 1), epochs=2, tokens_per_epoch=4096,

@@ -30,7 +30,7 @@ from typing import TypedDict
 import torch
 
 from icl_lens import softmax_regression as sr
-from icl_lens import verdicts
+from icl_lens import statistics, verdicts
 from icl_lens.device import pick
 from icl_lens.training.loop import run_jobs
 from icl_lens.training.prompt_layer import (PromptLayerConfig, converged, prompt_tokens, test_and_tuning_prompts,
@@ -273,28 +273,32 @@ def log_loss_ratios(runs):
 
 def loss_match(runs):
     """Does the trained layer's loss match GD*'s to within :data:`MATCH`, read from the seeds: the
-    bootstrap 95% interval of the median of :func:`log_loss_ratios`, the band log(1 + MATCH) and
-    the :func:`icl_lens.verdicts.comparable` verdict of the one against the other."""
-    interval, band = list(verdicts.bootstrap_median_interval(log_loss_ratios(runs))), math.log(1 + MATCH)
-    return {"interval": interval, "band": band, "verdict": verdicts.comparable(interval, band)}
+    "comparable" decision of :func:`icl_lens.statistics.decide` on :func:`log_loss_ratios` with the
+    band log(1 + MATCH) (two one-sided sign tests at 0.05), its bounds and the verdict."""
+    band = math.log(1 + MATCH)
+    decision = statistics.decide("comparable", log_loss_ratios(runs), band, direction="higher")
+    return {"interval": [decision["lower"], decision["upper"]], "band": band, "verdict": decision["verdict"],
+            "decision": decision}
+
+
+def alignment(runs):
+    """Is the layer aligned with GD* (Model Cos at least :data:`ALIGNED`), read from the seeds: the
+    "slightly" decision (one-sided sign tests at 0.05) on Model Cos - ALIGNED."""
+    return statistics.decide("slightly", [reported_value(r, "model_cos") - ALIGNED for r in runs], COSINE_BAND,
+                             direction="higher")
 
 
 def closeness_verdict(summary_of_layer, runs):
     """Li et al.'s reading, as a rule: the trained layer is *close* to one GD step when its loss is
-    within :data:`MATCH` of GD*'s and Model Cos is at least :data:`ALIGNED`.
-
-    Each condition is read from the bootstrap interval of its median over the seeds' ``runs``, so no verdict turns on a margin smaller than the seeds' spread: the loss matches
-    when the interval of the median log(trained / GD*) lies inside +-log(1 + MATCH) and misses
-    when it lies wholly outside; the layer is aligned when the interval of the median Model Cos
-    lies above ALIGNED and not when it lies below. A condition whose interval straddles its
-    threshold makes the verdict inconclusive."""
+    within :data:`MATCH` of GD*'s (:func:`loss_match`) and Model Cos is at least :data:`ALIGNED`
+    (:func:`alignment`). The claims table judges the two conditions as two rows; this line reads
+    them together for the chapter."""
     ratio = summary_of_layer["trained layer"] / summary_of_layer["one GD step (lr*)"]
     near = {"agrees": True, "disagrees": False}.get(loss_match(runs)["verdict"])
-    low, high = verdicts.bootstrap_median_interval([reported_value(r, "model_cos") for r in runs])
-    aligned = True if low >= ALIGNED else False if high < ALIGNED else None
+    aligned = {"agrees": True, "disagrees": False}.get(alignment(runs)["verdict"])
     if near is None or aligned is None:
         unsettled = [name for name, flag in (("the loss ratio", near), ("Model Cos", aligned)) if flag is None]
-        return f"inconclusive: the seeds' interval of {' and of '.join(unsettled)} straddles its threshold"
+        return f"inconclusive: the seeds do not settle {' or '.join(unsettled)}"
     if near and aligned:
         return "agrees"
     if not near and not aligned:
@@ -303,10 +307,22 @@ def closeness_verdict(summary_of_layer, runs):
 
 
 def model_cos_rise(runs):
-    """Per seed, Model Cos at the last checkpoint minus at the first; their median, its bootstrap
-    interval and the seeds up / down by more than :data:`COSINE_BAND`."""
+    """Per seed, Model Cos at the last checkpoint minus at the first; the "directional" decision
+    (higher, band :data:`COSINE_BAND`) and the seeds up / down by more than the band."""
     rises = [r["model_cos"][-1] - r["model_cos"][0] for r in runs]
-    return {"rises": rises, **verdicts.paired_comparison(rises, [COSINE_BAND] * len(rises), lower_is_better=False)}
+    decision = statistics.decide("directional", rises, COSINE_BAND, direction="higher")
+    return {"rises": rises, "median": decision["effect"], "interval": [decision["lower"], decision["upper"]],
+            "better": sum(x > COSINE_BAND for x in rises), "worse": sum(x < -COSINE_BAND for x in rises),
+            "decision": decision}
+
+
+VERSION = "Li et al., NeurIPS 2024 version (experiments; the arXiv v1 text has none)"
+
+
+def decided(decision, values):
+    """What a claim keeps of a decision, with the per-seed values it read."""
+    return {**{key: decision[key] for key in ("verdict", "effect", "lower", "upper", "coverage", "n", "p",
+                                              "cannot_decide")}, "values": list(values)}
 
 
 def claims(record):
@@ -315,32 +331,34 @@ def claims(record):
     found = []
     for n, layers in in_numeric_order(record["lengths"]).items():
         s = summary(layers["softmax"])
-        found.append({"id": f"li-closeness-n{n}",
-                      "claim": "a trained softmax self-attention layer and softmax regression after one GD step "
-                               "give close predictions and models",
-                      "where": "Li et al., NeurIPS version, experiments", "setting": f"n = {n}, d = {record['study']['d']}",
-                      "measured": f"loss {s['trained layer']:.3f} vs GD* {s['one GD step (lr*)']:.3f}; "
-                                  f"Model Cos {s['model_cos']:.3f}; Preds Diff {s['preds_diff']:.3f}",
-                      "verdict": closeness_verdict(s, layers["softmax"])})
+        setting = f"n = {n}, d = {record['study']['d']}"
+        match, aligned = loss_match(layers["softmax"]), alignment(layers["softmax"])
+        found.append({"id": f"li-closeness-loss-n{n}",
+                      "claim": f"a trained softmax self-attention layer's loss is within {MATCH:.0%} of one GD "
+                               "step's (GD*)", "where": VERSION, "setting": setting, "kind": "comparable",
+                      "measured": f"loss {s['trained layer']:.3f} vs GD* {s['one GD step (lr*)']:.3f} (medians)",
+                      "decision": decided(match["decision"], log_loss_ratios(layers["softmax"])), "verdict": match["verdict"]})
+        found.append({"id": f"li-closeness-cos-n{n}",
+                      "claim": f"a trained softmax self-attention layer's sensitivities align with one GD step's "
+                               f"(Model Cos above {ALIGNED})", "where": VERSION, "setting": setting, "kind": "slightly",
+                      "measured": f"Model Cos {s['model_cos']:.3f}; Preds Diff {s['preds_diff']:.3f} (medians)",
+                      "decision": decided(aligned, [reported_value(r, "model_cos") - ALIGNED for r in layers["softmax"]]), "verdict": aligned["verdict"]})
     for n, layers in in_numeric_order(record["lengths"]).items():
         rise = model_cos_rise(layers["softmax"])
-        low, high = rise["interval"]
         found.append({"id": f"li-model-cos-rises-n{n}",
                       "claim": "the trained layer's Model Cos with one GD step rises over training",
-                      "where": "Li et al., NeurIPS version, the figure of Model Cos over training steps (no "
-                               "sentence of the text we have)",
-                      "setting": f"n = {n}, d = {record['study']['d']}",
+                      "where": VERSION + ", the figure of Model Cos over training steps",
+                      "setting": f"n = {n}, d = {record['study']['d']}", "kind": "directional",
                       "measured": f"Model Cos at the last checkpoint minus at the first: median "
-                                  f"{rise['median']:.3f} [{low:.3f}, {high:.3f}], {rise['better']} of "
-                                  f"{len(layers['softmax'])} seeds up by more than {COSINE_BAND}",
-                      "verdict": verdicts.helps(rise["interval"], COSINE_BAND, lower_is_better=False,
-                                                effect=rise["median"])})
+                                  f"{rise['median']:.3f}, {rise['better']} of {len(layers['softmax'])} seeds up by "
+                                  f"more than {COSINE_BAND}",
+                      "decision": decided(rise["decision"], rise["rises"]), "verdict": rise["decision"]["verdict"]})
     ratios = {d: summary(layers["softmax"]) for d, layers in in_numeric_order(record["dims"]).items()}
     near = all(verdicts.matches(r["trained layer"] / r["one GD step (lr*)"], MATCH) for r in ratios.values())
     unconverged = [d for d, r in ratios.items() if not r["converged"]]
     note = f" (not converged at d = {', '.join(map(str, unconverged))})" if unconverged else ""
     found.append({"id": "li-loss-against-d", "claim": "the trained layer's loss follows one GD step's as d grows",
-                  "where": "Li et al., NeurIPS version, loss against d",
+                  "where": VERSION + ", loss against d",
                   "setting": f"n = {record['study']['lengths'][0]}, d in {[int(d) for d in ratios]}",
                   "measured": ", ".join(f"d = {d}: {r['trained layer']:.2f} vs {r['one GD step (lr*)']:.2f}"
                                         for d, r in ratios.items()) + note,
@@ -349,7 +367,7 @@ def claims(record):
                 for r in layers["softmax"] for side in ("x", "A"))
     found.append({"id": "li-smallness", "claim": "the main theorem's smallness assumption (a step moves every logit by less than "
                            "0.01) holds for the updates of this experiment",
-                  "where": "Li et al., Thm 1.4", "setting": "GD* steps and the trained softmax layers' updates",
+                  "where": "Li et al., arXiv v1, Thm 1.4", "setting": "GD* steps and the trained softmax layers' updates",
                   "measured": f"largest share of test prompts inside the condition: {small:.2f}",
                   "verdict": "holds" if small >= 0.5 else "does not hold"})
     return found

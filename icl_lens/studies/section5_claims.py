@@ -1,86 +1,58 @@
-"""Every empirical claim of Section 5 / Appendix E as a row (:data:`CLAIMS`), paired comparisons of
-the trained models and the verdict of each claim, by the rules of :mod:`icl_lens.verdicts`.
+"""Every empirical claim of Section 5 / Appendix E declared as data (:data:`CLAIMS`): the
+sentence, its kind, its direction, the settings it names (every one, or some one) and the quantity
+it is about. :func:`evaluate` measures the per-seed paired differences on the saved task records
+and :func:`icl_lens.statistics.decide_claim` decides; nothing here has rules of its own.
 
 Chapters: experiments, claims.
 
-Every modified model is compared with the normal model of the same seed and learning rate: they
-share the task weight, the training sequences, the test set and the initial weights, so the
-per-seed log ratio of their normalised test losses, log(variant / normal), is a paired
-measurement, and so is the difference of their speeds (mean log losses). Over the seeds that can
-decide we report the median, a bootstrap 95% interval of that median (widened to 1 - 0.05 / k
-where the best of k variants is chosen) and the number of seeds better / worse.
+Every modified model is compared with the model the sentence names (the normal model of the same
+seed and learning rate unless the claim says otherwise): they share the task weight, the training
+sequences, the test set and the initial weights, so the per-seed log ratio of their normalised
+test losses, log(variant / other), is a paired measurement, and so is the difference of their
+speeds (mean log losses).
 
-Seeds that cannot decide are reported apart: a task draw that fails the training-free screen
-(:func:`icl_lens.studies.section5.screen`, decided before training), and a seed whose normal
-model's round-off twin (:data:`icl_lens.studies.section5.TWIN_NUDGE`) ends further from it than
-the band, on the claim's own measure: there the result is set by round-off, not by the variant.
+Seeds: a task draw that fails the training-free screen (:func:`icl_lens.studies.section5.screen`,
+decided before training) is reported apart; every other seed votes. The normal model's round-off
+twin (:data:`icl_lens.studies.section5.TWIN_NUDGE`) is a measurement, not a filter: each claim
+reports the noise floor it implies (the median over seeds of |twin - normal| on the claim's
+measure).
 
-Verdict rules (for a claim that a variant *helps*; a claim that it *hurts* is the mirror image):
-
-    disagrees     the whole interval lies inside the no-effect band (+-log 1.1: a tenth of the
-                  loss either way), or above 0
-    agrees        otherwise, if the whole interval lies below 0 and the median improves by more
-                  than the band
-    inconclusive  otherwise
-
-With five seeds the bootstrap interval of the median runs from about the smallest to the largest
-value, so "agrees" needs every deciding seed better (a sign test would give p = 1/32).
-
-A verdict that changes between half of training and the end is inconclusive (``stable``
-False). Test losses are those at the end of the run, where the learning rate has decayed to 0
-(:func:`icl_lens.studies.section5.reported_loss`); "half of training" is the same run at half the
-epochs, with its own decay (for a constant-rate record: the last and the second quarter's means).
+Half of training: the verdict at the end is checked on the same runs trained for half the epochs
+(with their own decay), with the same choice of setting; a verdict that differs is inconclusive,
+and the claim's p is the larger of the two. For "speed, early" the half window is a prefix of the
+full one, so the check is not applicable.
 """
 
 import math
+from dataclasses import dataclass, field
 
-import torch
-
-from icl_lens import context_use, verdicts
+from icl_lens import context_use, statistics
 from icl_lens.approximation import ApproximationConfig, log_log_slope
 from icl_lens.studies.section5 import finite_or_none, log_ratio, normalised_loss, run_length, seed_key
-from icl_lens.validation import check_positive_int
-from icl_lens.verdicts import RESAMPLES, Claim
+
+import torch
 
 # one band for every measure, since each is a log: log(1.1), a tenth of the loss either way (a
 # band in units of the label variance would be as wide as the loss itself where the layers learn
 # the task to ~1% of it)
 BAND = math.log(1.1)
-LEVEL = 0.95        # of the intervals; 1 - (1 - LEVEL) / k where the best of k variants is chosen
 RULES = {
     "final": "test MSE at the end of training (the learning rate decays to 0 over the last fifth of "
-             "the steps), divided by the label variance of the seed's test set; paired with the normal "
-             "model of the same seed and learning rate as the log ratio log(variant / normal)",
+             "the steps), divided by the label variance of the seed's test set; paired with the model the "
+             "claim names, of the same seed, as the log ratio log(variant / other)",
     "speed": "the mean over the checkpoints before the decay of log(test MSE / label variance), the area "
              "under the normalised log test curve (lower is faster); 'late' keeps the last third of those "
              "checkpoints, 'early' reads the epochs before the first checkpoint from the training loss; "
-             "paired as the difference variant - normal (a log ratio of geometric means)",
-    "interval": f"percentile bootstrap ({RESAMPLES} resamples) 95% interval of the median over the deciding "
-                "seeds; where the best of k variants is chosen, a 1 - 0.05 / k interval (Bonferroni)",
-    "no effect": f"within +-log(1.1) = {BAND:.3f} on either measure: a tenth of the loss either way",
-    "seeds": "a seed decides unless its task draw fails the screen (before training: Nadaraya-Watson must "
-             "beat the context mean by 5% of the label variance) or its normal model's twin, nudged at "
-             "round-off level, ends more than the band from it on the claim's measure (chaotic); those "
-             "seeds are reported apart",
-    "helps": "disagrees if the interval lies inside the no-effect band or above 0; agrees if it lies below 0 "
-             "and the median improves by more than the band; else inconclusive",
-    "hurts": "the mirror image of helps",
-    "comparable": "agrees if the interval lies inside the no-effect band; disagrees if it lies wholly beyond "
-                  "it on one side; else inconclusive",
-    "no gain": "disagrees if the interval lies below 0; agrees if its lower end stays within the band; "
-               "else inconclusive",
-    "unstable": "agrees if a seed diverges or ends worse than predicting the mean (normalised loss > 1)",
-    "worse-than-single": "the best combination against the best single regularized or augmented model, by "
-                         "the hurts rule",
-    "not-worse-than-more": "the best regularized + augmented combination that was also trained with negative "
-                           "samples added, against that model: disagrees if the interval lies above 0, agrees "
-                           "if its upper end stays within the band",
-    "best": "where a claim names several variants, the one with the lowest median difference is used "
-            "(for 'comparable': the one closest to 0), chosen again at half of training; its interval is "
-            "widened for the choice",
-    "stability": "the verdict is computed at the end and on the same run trained for half the epochs "
-                 "(with its own decay); if they differ the claim is inconclusive (except instability "
-                 "seen at the end: a divergence is not undone by training longer)",
+             "paired as the difference variant - other (a log ratio of geometric means)",
+    "no effect": f"+-log(1.1) = {BAND:.3f} on either measure: a tenth of the loss either way",
+    "seeds": "a seed votes unless its task draw fails the screen, decided before training "
+             "(Nadaraya-Watson must beat the context mean by 5% of the label variance); the round-off "
+             "twin of each seed's normal model gives the noise floor each claim reports",
+    "decision": "icl_lens.statistics: sign-test bounds and p-values, one-sided at 0.05; directional, "
+                "slightly, comparable and not-beyond kinds; every setting (each at 0.05) or some setting "
+                "(the best of k at 0.05 / k)",
+    "stability": "the verdict is computed at the end and on the same runs trained for half the epochs "
+                 "(their own decay), with the same setting chosen; if they differ the claim is inconclusive",
 }
 
 
@@ -154,34 +126,47 @@ def twin_gap(record, seed, until=1.0, quantity="final"):
     return gap if math.isfinite(gap) else math.inf
 
 
-def seeds_apart(record, until=1.0, quantity="final"):
-    """{seed: why it cannot decide}: its task draw fails the screen, or its normal model's twin ends
-    more than :data:`BAND` from it on ``quantity`` (chaotic). A record without screening or twins
-    (older runs, the temperature check) leaves every seed in."""
+def chaotic(record, seed, until=1.0, quantity="final"):
+    """Whether a seed's round-off twin ends more than :data:`BAND` from its normal model on
+    ``quantity``: a noisy draw (it votes; the noise floor reports it)."""
+    gap = twin_gap(record, seed, until, quantity)
+    return gap is not None and abs(gap) > BAND
+
+
+def seeds_apart(record):
+    """{seed: why it cannot vote}: its task draw failed the screen, decided before training. A record
+    without screening leaves every seed in."""
     apart = {}
     for seed in sorted({m["seed"] for m in record["models"]}):
         screened = record.get("screening", {}).get(seed_key(seed))
-        gap = twin_gap(record, seed, until, quantity)
         if screened is not None and not screened["passes"]:
             apart[seed] = (f"fails the screen: Nadaraya-Watson gains {screened['gain']:.3f} of the label "
                            "variance over the context mean")
-        elif gap is not None and abs(gap) > BAND:
-            apart[seed] = f"chaotic: its normal model's round-off twin ends {number(gap, 2)} from it"
     return apart
 
 
-def paired(record, name, *, until=1.0, against=None, quantity="final", choices=1):
+def deciding_seeds(record):
+    apart = seeds_apart(record)
+    return [s for s in sorted({m["seed"] for m in record["models"]}) if s not in apart]
+
+
+def noise_floor(record, until=1.0, quantity="final"):
+    """The median over the deciding seeds of |twin - normal| on ``quantity`` (None without twins)."""
+    gaps = [twin_gap(record, s, until, quantity) for s in deciding_seeds(record)]
+    gaps = [abs(g) for g in gaps if g is not None]
+    return statistics.median(gaps) if gaps else None
+
+
+def paired(record, name, *, until=1.0, against=None, quantity="final"):
     """Variant ``name`` against its normal partner (or, with ``against``, the model of that name) on
-    every seed: the measure of ``quantity`` (normalised final losses, or speeds), their paired
-    differences (:func:`difference`), and over the seeds that can decide (:func:`seeds_apart`) the
-    median, its bootstrap interval (at 1 - 0.05 / ``choices``: the variant is the best of that many),
-    the no-effect band and the counts of seeds better / worse by more than the band / diverged; the
-    seeds set apart with their reasons and differences."""
+    every seed that votes: the measures of ``quantity``, their per-seed differences
+    (:func:`difference`), the ordinary median, the two-sided 95% sign-test interval of the
+    differences (None below 6 seeds) with its coverage, and the seeds better / worse by more than
+    the band / diverged; the screened-out seeds apart, with their differences."""
     if quantity not in QUANTITIES:
         raise ValueError(f"quantity must be one of {list(QUANTITIES)}, got {quantity!r}")
-    check_positive_int(choices, "choices")
-    apart = seeds_apart(record, until, quantity)
-    rows, set_apart = [], {}
+    apart = seeds_apart(record)
+    rows, set_apart, seeds = [], {}, []
     for seed in sorted({m["seed"] for m in record["models"]}):
         model = find_model(record, name, seed)
         other = find_model(record, against, seed) if against else partner(record, model)
@@ -191,84 +176,43 @@ def paired(record, name, *, until=1.0, against=None, quantity="final", choices=1
                                          "difference": finite_or_none(difference(*pair, quantity))}
         else:
             rows.append(pair)
+            seeds.append(seed)
     variant = [v for v, _ in rows]
     differences = [difference(v, o, quantity) for v, o in rows]
-    level = 1 - (1 - LEVEL) / choices
-    compared = verdicts.paired_comparison(differences, [BAND] * len(rows), level=level)
-    low, high = compared["interval"]
+    kept = [d for d in differences if not math.isnan(d)]
+    low, high, coverage = statistics.two_sided_interval(kept) if kept else (None, None, None)
     return {
         "name": name,
         "against": against or "normal (same seed and lr)",
+        "seed_list": seeds,
         "variant": [finite_or_none(v) for v in variant],
         "partner": [finite_or_none(o) for _, o in rows],
-        "difference": [finite_or_none(d) for d in differences],
-        "median_variant": finite_or_none(verdicts.median(variant)) if variant else None,
-        "median_difference": finite_or_none(compared["median"]),
-        "interval": [finite_or_none(low), finite_or_none(high)],
-        "level": level,
+        "difference": [None if math.isnan(d) else finite_or_none(d) if math.isfinite(d) else
+                       (1e300 if d > 0 else -1e300) for d in differences],
+        "median_variant": finite_or_none(statistics.median(variant)) if variant else None,
+        "median_difference": finite_or_none(statistics.median(kept)) if kept else None,
+        "interval": [None if low is None else finite_or_none(low), None if high is None else finite_or_none(high)],
+        "coverage": coverage,
         "no_effect": BAND,
         "quantity": quantity,
-        "better": compared["better"],
-        "worse": compared["worse"],
+        "better": sum(d < -BAND for d in kept),
+        "worse": sum(d > BAND for d in kept),
         "diverged": sum(not math.isfinite(v) for v in variant),
-        "seeds": len(rows),
+        "seeds": len(kept),
         "seeds_apart": set_apart,
     }
 
 
-def inside_band(comparison):
-    """Whether a comparison's whole interval lies inside its no-effect band."""
-    return verdicts.inside_band(comparison["interval"], comparison["no_effect"])
-
-
-def verdict_helps(comparison):
-    return verdicts.helps(comparison["interval"], comparison["no_effect"], effect=comparison["median_difference"])
-
-
-def verdict_hurts(comparison):
-    if None in comparison["interval"] and comparison["diverged"]:
-        return "agrees"      # a diverged variant is worse, whatever the interval of the rest
-    return verdicts.hurts(comparison["interval"], comparison["no_effect"], effect=comparison["median_difference"])
-
-
-def verdict_comparable(comparison):
-    return verdicts.comparable(comparison["interval"], comparison["no_effect"])
-
-
-def verdict_no_gain(comparison):
-    return verdicts.no_gain(comparison["interval"], comparison["no_effect"])
-
-
-def verdict_not_worse(comparison):
-    if None in comparison["interval"] and comparison["diverged"]:
-        return "disagrees"   # a diverged variant is worse, whatever the interval of the rest
-    return verdicts.not_worse(comparison["interval"], comparison["no_effect"])
-
-
-def verdict_unstable(comparison):
-    """Instability: a seed diverges or ends worse than predicting the mean (normalised loss > 1)."""
-    losses = [math.inf if v is None else v for v in comparison["variant"]]
-    return "agrees" if any(v > 1 for v in losses) else "disagrees"
-
-
-def best_of(record, names, *, until=1.0, quantity="final", closest=False):
-    """The name among ``names`` with the lowest median paired difference of ``quantity`` at
-    ``until`` (the paper, too, reports its best setting; the choice is remade at half of training);
-    with ``closest``, the one whose median difference is closest to 0 (for "comparable")."""
-    scored = [(paired(record, n, until=until, quantity=quantity)["median_difference"], n) for n in names]
-    if closest:
-        scored = [(None if d is None else abs(d), n) for d, n in scored]
-    return min(scored, key=lambda pair: math.inf if pair[0] is None else pair[0])[1]
-
-
-SECTION5_RULES = {"helps": verdict_helps, "hurts": verdict_hurts, "comparable": verdict_comparable,
-                  "no gain": verdict_no_gain, "unstable": verdict_unstable}
+def raw_differences(comparison):
+    """The per-seed differences of :func:`paired` as floats (None: the comparator diverged)."""
+    return [math.nan if d is None else math.inf if d >= 1e300 else -math.inf if d <= -1e300 else d
+            for d in comparison["difference"]]
 
 
 def names_where(record, predicate):
     """Names of the models (one seed's worth) whose modification satisfies ``predicate``."""
     seed = record["models"][0]["seed"]
-    return [m["name"] for m in record["models"] if m["seed"] == seed and m["group"] != "normal"
+    return [m["name"] for m in record["models"] if m["seed"] == seed and m["group"] not in ("normal", "twin")
             and predicate(m["group"], m["modification"])]
 
 
@@ -276,8 +220,10 @@ def regularized(form, sign):
     return lambda g, m: g == "regularized" and m["alpha_form"] == form and m["renormalise"] and m["alpha"] * sign > 0
 
 
-def is_alpha(value):
-    return lambda g, m: g == "regularized" and abs(m["alpha"] - value) < 1e-9
+def is_alpha(value, form=None, renormalise=None):
+    return lambda g, m: (g == "regularized" and abs(m["alpha"] - value) < 1e-9
+                         and (form is None or m["alpha_form"] == form)
+                         and (renormalise is None or m["renormalise"] == renormalise))
 
 
 def augmented(value_map, key_map):
@@ -288,161 +234,366 @@ def negative(k=None, beta=None):
     return lambda g, m: g == "negative" and (k is None or m["negative_k"] == k) and (beta is None or m["beta"] == beta)
 
 
-def claims_for_both_readings(id, where, task, claim, rule, sign, quantity):
-    """One claim about the sign of alpha, judged on each reading of the regularized form."""
-    return tuple(Claim(f"{id}-{form}", where, task, f"{claim}; {form} reading", rule, regularized(form, sign),
-                       quantity) for form in ("proportional", "constant"))
+def combination(lambda_check=None):
+    return lambda g, m: g == "combination" and (lambda_check is None or lambda_check(m))
 
 
-LINEAR_COMBINATION = (lambda g, m: g == "combination" and m["alpha"] != 0 and m["negative_k"] == 0
-                      and "gelu" in (m["value_map"], m["key_map"]))
+# the pairs a claim is judged on: record -> alternatives, each a list of (variant, comparator) where
+# comparator None is the normal model of the variant's seed and learning rate
 
-# Each claim in the paper's words (paraphrased; where: its section and figure), with the direction
-# the paper gives it, the quantity it is about and exactly the variants it names.
+def every(predicate):
+    """Every setting ``predicate`` takes, each against the normal model."""
+    return lambda record: [[(name, None) for name in names_where(record, predicate)]]
+
+
+def some(predicate):
+    """Some setting ``predicate`` takes (the best, at alpha / k), against the normal model."""
+    return lambda record: [[(name, None)] for name in names_where(record, predicate)]
+
+
+def against_each(predicate, comparators):
+    """Every setting ``predicate`` takes, against each model of ``comparators`` (names)."""
+    return lambda record: [[(name, other) for name in names_where(record, predicate)
+                            for other in (comparators(record) if callable(comparators) else comparators)]]
+
+
+def against_own_parts(predicate):
+    """Some combination ``predicate`` takes, against each of its own parts (the models its name joins
+    with ' + ', trained on their own)."""
+    def pairs(record):
+        known = {m["name"] for m in record["models"]}
+        alternatives = []
+        for name in names_where(record, predicate):
+            parts = [p for p in name.split(" + ") if p in known]
+            if len(parts) == len(name.split(" + ")):
+                alternatives.append([(name, part) for part in parts])
+        return alternatives
+    return pairs
+
+
+def with_negatives_added(predicate):
+    """Some combination ``predicate`` takes with negative samples added, against the combination."""
+    def pairs(record):
+        known = {m["name"] for m in record["models"]}
+        return [[(added, name)] for name in names_where(record, predicate)
+                for added in sorted(known) if added.startswith(name + " + k=")]
+    return pairs
+
+
+def single_modifications(record, group, leave_out=()):
+    return [n for n in names_where(record, lambda g, m: g == group) if n not in leave_out]
+
+
+def best_single(group, leave_out=()):
+    """The best single model of ``group`` ("regularized" or "augmented") at the end of training
+    (median final loss against the normal model), the comparator the paper's figures suggest."""
+    def pick(record):
+        return [min(single_modifications(record, group, leave_out),
+                    key=lambda n: paired(record, n)["median_difference"] or math.inf)]
+    return pick
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of the paper as data. ``kind`` and ``direction`` are those of
+    :func:`icl_lens.statistics.decide` ("lower": the variant's loss or speed measure is lower than
+    the comparator's, i.e. better or faster); ``scope`` "every" or "some" setting; ``pairs`` maps a
+    task record to the alternatives to judge (see :func:`every`, :func:`some`); ``other_reading``
+    the same for the other reading of alpha (a sensitivity note, outside the counts); ``sentence``
+    quotes the paper."""
+
+    id: str
+    where: str
+    task: str
+    claim: str
+    kind: str
+    direction: str
+    pairs: object
+    quantity: str = "final"
+    scope: str = "every"
+    sentence: str = ""
+    other_reading: object = None
+    note: str = ""
+
+    def __post_init__(self):
+        if self.kind not in statistics.KINDS + ("unstable",):
+            raise ValueError(f"claim {self.id}: kind must be one of {statistics.KINDS + ('unstable',)}, "
+                             f"got {self.kind!r}")
+        if self.direction not in statistics.DIRECTIONS:
+            raise ValueError(f"claim {self.id}: direction must be one of {statistics.DIRECTIONS}")
+        if self.scope not in ("every", "some"):
+            raise ValueError(f"claim {self.id}: scope must be 'every' or 'some', got {self.scope!r}")
+        if self.quantity not in QUANTITIES:
+            raise ValueError(f"claim {self.id}: quantity must be one of {list(QUANTITIES)}")
+
+
+ALPHA_NEGATIVE_FASTER = ("when α < 0, the model converges faster and achieves final results comparable to the "
+                         "normal model without regularization (α = 0)")
+G2_SENTENCE = ("when we only use g2, that is, only provide augmentation for keys, the model actually shows "
+               "slightly faster convergence than other cases")
+G2_PLUS = ("although the model initially converges slightly slower due to the increased number of parameters, "
+           "it eventually accelerates convergence and achieves a better solution")
+TRIG_AUGMENTED = ("using g1 alone and using g1 and g2 simultaneously as data augmentations significantly degrade "
+                  "the model's performance, including convergence speed and final results")
+E3 = ("For linear tasks, a combination of regularized and augmented modifications is sufficient. However, for "
+      "the other two tasks, the results are actually worse than using regularized or augmented modification "
+      "individually")
+E3_WHY = ("We think this may be due to the ineffective selection of negative samples, which is amplified when "
+          "combined.")
+REGULARIZED_AUGMENTED = lambda m: m["alpha"] != 0 and m["negative_k"] == 0 and "gelu" in (m["value_map"], m["key_map"])
+
+# The primary reading of alpha is "proportional": App. D's normalised form Norm(A - alpha (A o I))
+# and Eq. (12)'s (1 - alpha) X_T scale the query's own score by (1 - alpha); the "constant" reading
+# (A - alpha I, after Lemma D.1) is reported beside each alpha row as a sensitivity note.
 CLAIMS = (
     # Sec. 5, linear task (Fig. 3), repeated in App. E.1
-    *claims_for_both_readings("linear-alpha-positive", "Sec. 5, Fig. 3", "linear",
-                              "alpha > 0 converges to a poorer result", "hurts", 1, "final"),
-    *claims_for_both_readings("linear-alpha-negative-faster", "Sec. 5, Fig. 3", "linear",
-                              "alpha < 0 converges faster", "helps", -1, "speed"),
-    *claims_for_both_readings("linear-alpha-negative-comparable", "Sec. 5, Fig. 3", "linear",
-                              "alpha < 0 reaches a final result comparable to the normal model",
-                              "comparable", -1, "final"),
+    Claim("linear-alpha-positive-poorer", "Sec. 5, Fig. 3", "linear",
+          "every alpha > 0 converges to a poorer final result than the normal model", "directional", "higher",
+          every(regularized("proportional", 1)), other_reading=every(regularized("constant", 1)),
+          sentence="when α > 0, the regularized models converges to a poorer result"),
+    Claim("linear-alpha-negative-faster", "Sec. 5, Fig. 3", "linear",
+          "every alpha < 0 converges faster than the normal model", "directional", "lower",
+          every(regularized("proportional", -1)), "speed", other_reading=every(regularized("constant", -1)),
+          sentence=ALPHA_NEGATIVE_FASTER),
+    Claim("linear-alpha-negative-comparable", "Sec. 5, Fig. 3", "linear",
+          "every alpha < 0 reaches a final result comparable to the normal model", "comparable", "lower",
+          every(regularized("proportional", -1)), other_reading=every(regularized("constant", -1)),
+          sentence=ALPHA_NEGATIVE_FASTER),
+    Claim("linear-alpha-full-rank", "Sec. 5, App. D", "linear",
+          "an appropriate alpha gives a full-rank attention matrix, which accelerates convergence",
+          "directional", "lower", None, sentence="the appropriate α contributes to achieving a full-rank "
+          "attention matrix as stated in Appendix D, preserving information and accelerating convergence"),
     Claim("linear-g2-faster", "Sec. 5, Fig. 3", "linear",
-          "g2 alone (augmented keys) converges slightly faster", "helps", augmented("none", "gelu"), "speed"),
+          "g2 alone converges slightly faster than each other case of its panel (normal, g1, g1 + g2)",
+          "slightly", "lower", against_each(augmented("none", "gelu"),
+                                           ["normal lr=0.005", "g1=gelu", "g1=gelu + g2=gelu"]), "speed",
+          sentence=G2_SENTENCE),
     Claim("linear-g2-plus-slower-early", "Sec. 5, Fig. 3", "linear",
-          "g2+ (a two-layer MLP on the keys) converges slightly slower at first (before the first "
-          "test checkpoint)", "hurts",
-          augmented("none", "mlp-gelu"), "speed, early"),
+          "g2+ (a two-layer MLP on the keys) converges slightly slower at first (before the first test "
+          "checkpoint)", "slightly", "higher", every(augmented("none", "mlp-gelu")), "speed, early",
+          sentence=G2_PLUS),
     Claim("linear-g2-plus-faster-late", "Sec. 5, Fig. 3", "linear",
-          "g2+ eventually accelerates convergence", "helps", augmented("none", "mlp-gelu"), "speed, late"),
-    Claim("linear-g2-plus-better", "Sec. 5, Fig. 3", "linear",
-          "g2+ achieves a better solution", "helps", augmented("none", "mlp-gelu"), "final"),
+          "g2+ eventually accelerates convergence (the last third before the decay)", "directional", "lower",
+          every(augmented("none", "mlp-gelu")), "speed, late", sentence=G2_PLUS),
+    Claim("linear-g2-plus-better", "Sec. 5, Fig. 3", "linear", "g2+ achieves a better solution",
+          "directional", "lower", every(augmented("none", "mlp-gelu")), sentence=G2_PLUS),
     Claim("linear-negative-k3-faster", "Sec. 5, Fig. 3", "linear",
-          "negative samples with k = 3, beta = 0.1 can converge slightly faster", "helps", negative(3, 0.1),
-          "speed"),
+          "negative samples with k = 3, beta = 0.1 converge slightly faster", "slightly", "lower",
+          every(negative(3, 0.1)), "speed",
+          sentence="the model has the potential to achieve slightly faster convergence with appropriate "
+                   "settings (k = 3 and β = 0.1)"),
+    Claim("linear-appropriate-better", "App. E.1, Fig. 10", "linear",
+          "with appropriate settings some modification ends better than the normal model", "directional",
+          "lower", some(lambda g, m: True), scope="some",
+          sentence="we can achieve better performance than the normal model with appropriate parameter settings"),
     Claim("linear-combination-sufficient", "App. E.3, Fig. 13", "linear",
-          "regularized + augmented is sufficient (read: adding negative samples to it does not do "
-          "better)", "not-worse-than-more", LINEAR_COMBINATION),
+          "a regularized + augmented combination ends no worse than each of its own parts", "not beyond",
+          "higher", against_own_parts(combination(REGULARIZED_AUGMENTED)), scope="some", sentence=E3),
+    Claim("linear-combination-negatives-no-gain", "App. E.3, Fig. 13", "linear",
+          "adding negative samples to a regularized + augmented combination brings no improvement",
+          "not beyond", "lower", with_negatives_added(combination(REGULARIZED_AUGMENTED)), scope="some",
+          sentence=E3),
     # App. E.2.1, trigonometric task (Fig. 11)
-    *claims_for_both_readings("trigonometric-alpha-negative-faster", "App. E.2.1, Fig. 11", "trigonometric",
-                              "alpha < 0 converges slightly faster", "helps", -1, "speed"),
-    *claims_for_both_readings("trigonometric-alpha-negative-better", "App. E.2.1, Fig. 11", "trigonometric",
-                              "alpha < 0 reaches a better final result", "helps", -1, "final"),
+    Claim("trigonometric-alpha-negative-faster", "App. E.2.1, Fig. 11", "trigonometric",
+          "every alpha < 0 converges slightly faster", "slightly", "lower", every(regularized("proportional", -1)),
+          "speed", other_reading=every(regularized("constant", -1)),
+          sentence="the models when α < 0 converge slightly faster and reach better final results"),
+    Claim("trigonometric-alpha-negative-better", "App. E.2.1, Fig. 11", "trigonometric",
+          "every alpha < 0 reaches a better final result", "directional", "lower",
+          every(regularized("proportional", -1)), other_reading=every(regularized("constant", -1)),
+          sentence="the models when α < 0 converge slightly faster and reach better final results"),
     Claim("trigonometric-g1-slower", "App. E.2.1, Fig. 11", "trigonometric",
-          "g1 alone (augmented values) significantly degrades convergence speed", "hurts",
-          augmented("gelu", "none"), "speed"),
+          "g1 alone (augmented values) degrades convergence speed", "directional", "higher",
+          every(augmented("gelu", "none")), "speed", sentence=TRIG_AUGMENTED),
     Claim("trigonometric-g1-worse", "App. E.2.1, Fig. 11", "trigonometric",
-          "g1 alone significantly degrades the final result", "hurts", augmented("gelu", "none")),
+          "g1 alone degrades the final result", "directional", "higher", every(augmented("gelu", "none")),
+          sentence=TRIG_AUGMENTED),
     Claim("trigonometric-g1-g2-slower", "App. E.2.1, Fig. 11", "trigonometric",
-          "g1 and g2 together significantly degrade convergence speed", "hurts", augmented("gelu", "gelu"),
-          "speed"),
+          "g1 and g2 together degrade convergence speed", "directional", "higher",
+          every(augmented("gelu", "gelu")), "speed", sentence=TRIG_AUGMENTED),
     Claim("trigonometric-g1-g2-worse", "App. E.2.1, Fig. 11", "trigonometric",
-          "g1 and g2 together significantly degrade the final result", "hurts", augmented("gelu", "gelu")),
+          "g1 and g2 together degrade the final result", "directional", "higher",
+          every(augmented("gelu", "gelu")), sentence=TRIG_AUGMENTED),
     Claim("trigonometric-g2-comparable", "App. E.2.1, Fig. 11", "trigonometric",
-          "g2 alone gives a result comparable with the normal model", "comparable", augmented("none", "gelu")),
+          "g2 alone gives a final result comparable with the normal model", "comparable", "lower",
+          every(augmented("none", "gelu")), sentence="using g2 alone yields comparable result with the normal model"),
     Claim("trigonometric-g2-plus-faster", "App. E.2.1, Fig. 11", "trigonometric",
-          "g2+ (two-layer ELU MLP on the keys) accelerates convergence", "helps", augmented("none", "mlp-elu"),
-          "speed"),
+          "g2+ (two-layer ELU MLP on the keys) accelerates convergence", "directional", "lower",
+          every(augmented("none", "mlp-elu")), "speed",
+          sentence="when using g+2, the model accelerates its convergence speed"),
     Claim("trigonometric-negative-worse", "App. E.2.1, Fig. 11", "trigonometric",
-          "negative samples perform worse than the normal model (even the best k)", "hurts", negative()),
-    Claim("trigonometric-combinations", "App. E.3, Fig. 13", "trigonometric",
-          "combinations are worse than the best single modification", "worse-than-single",
-          lambda g, m: g == "combination"),
+          "every negative-sample setting tried ends worse than the normal model", "directional", "higher",
+          every(negative()), sentence="for negative models, the performance with the selected number of negative "
+          "samples k and the parameter β is worse than the normal model"),
+    Claim("trigonometric-combinations-vs-regularized", "App. E.3, Fig. 13", "trigonometric",
+          "every combination ends worse than the best regularized model alone", "directional", "higher",
+          against_each(combination(), best_single("regularized")), sentence=E3),
+    Claim("trigonometric-combinations-vs-augmented", "App. E.3, Fig. 13", "trigonometric",
+          "every combination ends worse than the best augmented model alone", "directional",
+          "higher", against_each(combination(), best_single("augmented", leave_out=())), sentence=E3),
+    Claim("trigonometric-negatives-amplified", "App. E.3, Fig. 13", "trigonometric",
+          "adding negative samples to g2 makes it worse", "directional", "higher",
+          against_each(combination(lambda m: m["negative_k"] > 0 and m["key_map"] == "gelu"), ["g2=gelu"]),
+          sentence=E3_WHY),
     # App. E.2.2, exponential task (Fig. 12)
     Claim("exponential-alpha-16-faster", "App. E.2.2, Fig. 12", "exponential",
-          "alpha = 16 converges faster (best reading that defines it)", "helps", is_alpha(16.0), "speed"),
+          "alpha = 16 converges faster (some reading that defines it)", "directional", "lower",
+          some(is_alpha(16.0)), "speed", scope="some",
+          sentence="when α = 16, the model converges faster and achieves better result"),
     Claim("exponential-alpha-16-better", "App. E.2.2, Fig. 12", "exponential",
-          "alpha = 16 achieves a better result (best reading that defines it)", "helps", is_alpha(16.0)),
+          "alpha = 16 achieves a better result (some reading that defines it)", "directional", "lower",
+          some(is_alpha(16.0)), scope="some",
+          sentence="when α = 16, the model converges faster and achieves better result"),
     Claim("exponential-alpha-sixth-faster", "App. E.2.2, Fig. 12", "exponential",
-          "alpha = 1/6 (if '16' lost a fraction bar) converges faster", "helps", is_alpha(1 / 6), "speed"),
-    Claim("exponential-alpha-sixth", "App. E.2.2, Fig. 12", "exponential",
-          "alpha = 1/6 (if '16' lost a fraction bar) achieves a better result", "helps", is_alpha(1 / 6)),
-    Claim("exponential-g1", "App. E.2.2, Fig. 12", "exponential",
-          "g1 alone (augmented values) performs better", "helps", augmented("gelu", "none")),
-    Claim("exponential-g2", "App. E.2.2, Fig. 12", "exponential",
-          "g2 alone (augmented keys) performs better", "helps", augmented("none", "gelu")),
+          "alpha = 1/6 (if '16' lost a fraction bar) converges faster", "directional", "lower",
+          every(is_alpha(1 / 6, "proportional")), "speed", other_reading=every(is_alpha(1 / 6, "constant")),
+          sentence="when α = 16, the model converges faster and achieves better result"),
+    Claim("exponential-alpha-sixth-better", "App. E.2.2, Fig. 12", "exponential",
+          "alpha = 1/6 (if '16' lost a fraction bar) achieves a better result", "directional", "lower",
+          every(is_alpha(1 / 6, "proportional")), other_reading=every(is_alpha(1 / 6, "constant")),
+          sentence="when α = 16, the model converges faster and achieves better result"),
+    Claim("exponential-g1", "App. E.2.2, Fig. 12", "exponential", "g1 alone (augmented values) ends better",
+          "directional", "lower", every(augmented("gelu", "none")),
+          sentence="using g1 or g2 alone as data augmentations results in better performance"),
+    Claim("exponential-g2", "App. E.2.2, Fig. 12", "exponential", "g2 alone (augmented keys) ends better",
+          "directional", "lower", every(augmented("none", "gelu")),
+          sentence="using g1 or g2 alone as data augmentations results in better performance"),
     Claim("exponential-g1-g2-unstable", "App. E.2.2", "exponential",
-          "g1 and g2 together make training unstable (a seed diverges or ends worse than the mean)",
-          "unstable", augmented("gelu", "gelu")),
+          "g1 and g2 together make training unstable (diverged or worse than the mean more often than the "
+          "normal model, paired by seed)", "unstable", "higher", every(augmented("gelu", "gelu")),
+          sentence="when both g1 and g2 are used simultaneously, the training process becomes unstable"),
     Claim("exponential-negative-no-gain", "App. E.2.2, Fig. 12", "exponential",
-          "negative samples show no significant improvement (even the best k)", "no gain", negative()),
-    Claim("exponential-combinations", "App. E.3, Fig. 13", "exponential",
-          "combinations are worse than the best single modification", "worse-than-single",
-          lambda g, m: g == "combination"),
+          "negative samples show no significant improvement over the normal model", "not beyond", "lower",
+          every(negative()), sentence="the different combinations of negative samples' number k and parameter β "
+          "do not show a significant improvement over the normal model"),
+    Claim("exponential-combinations-vs-regularized", "App. E.3, Fig. 13", "exponential",
+          "every combination ends worse than the best regularized model alone", "directional", "higher",
+          against_each(combination(), best_single("regularized")), sentence=E3),
+    Claim("exponential-combinations-vs-augmented", "App. E.3, Fig. 13", "exponential",
+          "every combination ends worse than the best augmented model alone (g1 + g2, unstable and not shown, left out)", "directional",
+          "higher", against_each(combination(), best_single("augmented", leave_out=("g1=gelu + g2=gelu",))), sentence=E3),
+    Claim("exponential-negatives-amplified", "App. E.3, Fig. 13", "exponential",
+          "adding negative samples to g2 makes it worse", "directional", "higher",
+          against_each(combination(lambda m: m["negative_k"] > 0 and m["key_map"] == "gelu"), ["g2=gelu"]),
+          sentence=E3_WHY),
 )
+NOT_RUN = {"linear-alpha-full-rank": "the saved records hold no attention matrices of the trained layers, so "
+                                     "their rank cannot be read without training again"}
 # the claims the temperature check judges again on layers without the d**-1/4 scale
 TEMPERATURE_CLAIMS = tuple(c for c in CLAIMS if c.id.startswith(("linear-alpha-negative", "linear-g2-faster")))
 
 
 def temperature_check(with_scale, without_scale):
     """Each of :data:`TEMPERATURE_CLAIMS` judged on the linear task's record (``with_scale``) and on
-    the same models trained without the temperature (``without_scale``), side by side."""
+    the same models trained without the temperature (``without_scale``), side by side, each on the
+    comparisons whose models both records train (the check trains the normal, alpha < 0 and g2
+    models only)."""
+    from dataclasses import replace
+
+    both = ({m["name"] for m in with_scale["models"]} & {m["name"] for m in without_scale["models"]})
+
+    def trained_by_both(pairs):
+        def kept(record):
+            alternatives = [[(a, b) for a, b in alt if a in both and (b is None or b in both)] for alt in pairs(record)]
+            return [alt for alt in alternatives if alt]
+        return kept
+
     found = []
     for claim in TEMPERATURE_CLAIMS:
+        shared = replace(claim, pairs=trained_by_both(claim.pairs), other_reading=None)
+        if not shared.pairs(with_scale):
+            continue
         pair = {}
         for key, record in (("with", with_scale), ("without", without_scale)):
-            (judged,) = evaluate({"linear": record}, (claim,))
+            (judged,) = evaluate({"linear": record}, (shared,))
             m = judged["measurement"]
-            pair[key] = {"variant": m["name"], "median_difference": m["median_difference"],
-                         "interval": m["interval"], "no_effect": m["no_effect"], "better": m["better"],
-                         "worse": m["worse"], "verdict": judged["verdict"]}
+            pair[key] = {"variant": m["name"], "against": m["against"], "median_difference": m["median_difference"],
+                         "interval": [judged["decision"]["lower"], judged["decision"]["upper"]],
+                         "effect": judged["decision"]["effect"], "p": judged["p"], "no_effect": m["no_effect"],
+                         "better": m["better"], "worse": m["worse"], "verdict": judged["verdict"]}
         changes = pair["with"]["verdict"] != pair["without"]["verdict"]
-        found.append({"id": claim.id, "claim": claim.claim, **pair, "changes": changes})
+        compared = "; ".join(f"{a} against {b}" for a, b in judged["settings"])
+        found.append({"id": claim.id, "claim": claim.claim, "compared": compared, **pair, "changes": changes})
     return found
 
 
-def measure(claim, record, until):
-    """(comparison, verdict) of one claim on one task record at ``until`` of training. Where the
-    claim names several variants the best is compared, its interval widened for the choice."""
-    names = names_where(record, claim.select)
-    if not names:
-        raise ValueError(f"claim {claim.id}: the {claim.task} record trains none of its variants")
-    quantity = claim.quantity
-    best = best_of(record, names, until=until, quantity=quantity, closest=claim.rule == "comparable")
-    if claim.rule == "worse-than-single":
-        # "worse than using regularized or augmented modification individually" (App. E.3)
-        single = names_where(record, lambda g, m: g in ("regularized", "augmented"))
-        best_single = best_of(record, single, until=until, quantity=quantity)
-        comparison = paired(record, best, until=until, against=best_single, quantity=quantity,
-                            choices=len(names) * len(single))
-        return comparison, verdict_hurts(comparison)
-    if claim.rule == "not-worse-than-more":   # each combination against itself with negatives added
-        added = {name: [n for n in names_where(record, lambda g, m: m["negative_k"] > 0)
-                        if n.startswith(name + " + k=")] for name in names}
-        names = [name for name in names if added[name]]
-        if not names:
-            raise ValueError(f"claim {claim.id}: no combination of the {claim.task} record has a counterpart "
-                             "with negative samples")
-        best = best_of(record, names, until=until, quantity=quantity)
-        comparison = paired(record, best, until=until, quantity=quantity,
-                            against=best_of(record, added[best], until=until, quantity=quantity),
-                            choices=len(names) * len(added[best]))
-        return comparison, verdict_not_worse(comparison)
-    comparison = paired(record, best, until=until, quantity=quantity, choices=len(names))
-    return comparison, SECTION5_RULES[claim.rule](comparison)
+def judge(claim, record, until, choice=None, pairs=None):
+    """The decision of one claim on one task record at ``until`` of training (see
+    :func:`icl_lens.statistics.decide_claim`), with the comparison of the pair that decides."""
+    alternatives = (pairs or claim.pairs)(record)
+    if not alternatives or not all(alternatives):
+        raise ValueError(f"claim {claim.id}: the {claim.task} record trains none of its settings")
+    compared = [[paired(record, name, until=until, against=other, quantity=claim.quantity) for name, other in a]
+                for a in alternatives]
+    if claim.kind == "unstable":
+        (comparison,) = compared[0]
+        normal = [partner(record, find_model(record, comparison["name"], s)) for s in comparison["seed_list"]]
+        flags = [v is None or v > 1 for v in comparison["variant"]]
+        normal_flags = [not math.isfinite(normalised_loss(record, m, until)) or normalised_loss(record, m, until) > 1
+                        for m in normal]
+        decision = statistics.unstable(flags, normal_flags)
+        return {**decision, "chosen": 0, "k": 1, "level": statistics.ALPHA, "weakest": 0}, comparison, alternatives[0]
+    differences = [[raw_differences(c) for c in a] for a in compared]
+    decision = statistics.decide_claim(claim.kind, differences, BAND, direction=claim.direction, scope=claim.scope,
+                                       choice=choice)
+    comparison = compared[decision["chosen"]][decision["weakest"]]
+    return decision, comparison, alternatives[decision["chosen"]]
+
+
+def floor_or_none(value):
+    return None if value is None or not math.isfinite(value) else value
+
+
+def plain_decision(decision):
+    """What of a decision a record keeps (the weakest comparison's numbers and the claim's p)."""
+    if "comparisons" not in decision:
+        return {k: decision[k] for k in ("verdict", "p", "p_agree", "p_disagree", "n", "only_variant", "only_normal",
+                                         "upper", "band", "cannot_decide")}
+    weakest = decision["comparisons"][decision["weakest"]]
+    return {"verdict": decision["verdict"], "p": decision["p"], "p_agree": decision["p_agree"],
+            "p_disagree": decision["p_disagree"], "k": decision["k"], "level": decision["level"],
+            "n": weakest["n"], "effect": weakest["effect"], "lower": weakest["lower"], "upper": weakest["upper"],
+            "coverage": weakest["coverage"], "cannot_decide": decision["cannot_decide"]}
 
 
 def evaluate(records, claims=CLAIMS):
-    """Every claim whose task is in ``records``: the comparison and verdict at the end of training
-    and at half of it; a verdict that differs between the two is reported as inconclusive."""
+    """Every claim whose task is in ``records`` (and that has runs): the decision at the end of
+    training and at half of it with the same choice of setting; a verdict that differs between the
+    two is inconclusive and the claim's p is the larger of the two."""
     results = []
     for claim in claims:
-        if claim.task not in records:
+        if claim.task not in records or claim.pairs is None:
             continue
         record = records[claim.task]
-        full, verdict_full = measure(claim, record, 1.0)
-        half, verdict_half = measure(claim, record, 0.5)
-        # a divergence cannot be undone by training longer, so instability seen at the end stands
-        stable = verdict_full == verdict_half or (claim.rule == "unstable" and verdict_full == "agrees")
+        full, comparison, chosen_pairs = judge(claim, record, 1.0)
+        applicable = claim.quantity != "speed, early"
+        if applicable:
+            half, half_comparison, _ = judge(claim, record, 0.5, choice=full.get("chosen"))
+            # a divergence cannot be undone by training longer: instability seen at the end stands
+            stable = full["verdict"] == half["verdict"] or (claim.kind == "unstable" and full["verdict"] == "agrees")
+        else:
+            half, half_comparison, stable = None, None, True
+        verdict = full["verdict"] if stable else "inconclusive"
+        checked = half is not None and half["verdict"] == full["verdict"]
+        p = max(full["p"], half["p"]) if checked else full["p"]
+        other = None
+        if claim.other_reading is not None:
+            decision, other_comparison, _ = judge(claim, record, 1.0, pairs=claim.other_reading)
+            other = {"decision": plain_decision(decision), "name": other_comparison["name"],
+                     "median_difference": other_comparison["median_difference"]}
         results.append({
-            "id": claim.id, "where": claim.where, "task": claim.task, "claim": claim.claim, "rule": claim.rule,
-            "quantity": claim.quantity,
-            "measurement": full, "at_half": half, "verdict_at_end": verdict_full, "verdict_at_half": verdict_half,
-            "stable": stable, "verdict": verdict_full if stable else "inconclusive",
+            "id": claim.id, "where": claim.where, "task": claim.task, "claim": claim.claim, "kind": claim.kind,
+            "direction": claim.direction, "scope": claim.scope, "quantity": claim.quantity,
+            "sentence": claim.sentence, "rule": claim.kind,
+            "settings": [[name, other_name or "normal"] for name, other_name in chosen_pairs],
+            "measurement": comparison, "at_half": half_comparison,
+            "decision": plain_decision(full), "decision_at_half": plain_decision(half) if half else None,
+            "verdict_at_end": full["verdict"], "verdict_at_half": half["verdict"] if half else "not applicable",
+            "stable": stable, "verdict": verdict, "p": p,
+            "noise_floor": floor_or_none(noise_floor(record, 1.0, claim.quantity)),
+            "other_reading": other,
         })
     return results
-
 
 def exact_claim(curves, tolerance=1e-24, **row):
     """An identity on trained layers: after N per-demonstration steps the dual prediction equals
@@ -454,13 +605,18 @@ def exact_claim(curves, tolerance=1e-24, **row):
             "quantity": "final", "stable": True, "verdict": "agrees" if worst <= tolerance else "disagrees"}
 
 
-def equivalence_claim(records, tolerance=1e-24):
-    """Theorem 3.1 on the trained layers (Fig. 3, left): after N per-demonstration steps the dual
-    prediction equals the layer's output to float64 round-off on every task and seed."""
-    return exact_claim([curve for record in records.values() for curve in record["equivalence"].values()],
-                       tolerance, id="equivalence", where="Sec. 5, App. E.2, Figs. 3, 11, 12 (left), Theorem 3.1",
-                       task="all",
-                       claim="the trained layer's output equals its dual model after N per-demonstration SGD steps")
+EQUIVALENCE_WHERE = {"linear": "Sec. 5, Fig. 3 (left), Theorem 3.1", "trigonometric": "App. E.2.1, Fig. 11 (left), "
+                     "Theorem 3.1", "exponential": "App. E.2.2, Fig. 12 (left), Theorem 3.1"}
+
+
+def equivalence_claims(records, tolerance=1e-24):
+    """Theorem 3.1 on the trained layers, one row per task as the paper says it once per figure
+    (Figs. 3, 11, 12, left): after N per-demonstration steps the dual prediction equals the
+    layer's output to float64 round-off on every seed."""
+    return [exact_claim(list(record["equivalence"].values()), tolerance, id=f"equivalence-{task}",
+                        where=EQUIVALENCE_WHERE.get(task, "Sec. 5, Theorem 3.1"), task=task,
+                        claim="the trained layer's output equals its dual model after N per-demonstration SGD steps")
+            for task, record in records.items()]
 
 
 def transformer_equivalence_claim(rank, tolerance=1e-24):
@@ -475,22 +631,30 @@ def transformer_equivalence_claim(rank, tolerance=1e-24):
                              "after N per-demonstration SGD steps")
 
 
-def random_feature_claim(study):
+MEASURES = {"attention_mse": "attention MSE", "attention_mae": "attention MAE", "output_mse": "output MSE",
+            "output_mae": "output MAE"}
+
+
+def random_feature_claim(study, measure="attention_mse"):
     """Figs. 6-8 on trained layers: "as the dimension of random features increases, the
-    approximation performance gradually improves". Agrees if the attention MSE falls at every step
-    of d_r and by more than the band (:data:`BAND`, a tenth) from the smallest d_r to the largest;
-    disagrees if it does not fall overall (log-log slope >= 0) or by no more than the band;
-    inconclusive between. The slope is reported: on random layers it is about -1 (an error falling
-    like 1/d_r)."""
-    counts, errors = study["feature_counts"], study["attention_mse"]
+    approximation performance gradually improves", for one of the four errors of the sentence
+    (:data:`MEASURES`: MSE and MAE of the attention and of the output matrices). Agrees if the
+    error falls at every step of d_r and by more than the band (:data:`BAND`, a tenth) from the
+    smallest d_r to the largest; disagrees if it does not fall overall (log-log slope >= 0) or by
+    no more than the band; inconclusive between. The slope is reported: on random layers it is
+    about -1 for the MSE (an error falling like 1/d_r)."""
+    if measure not in MEASURES:
+        raise ValueError(f"measure must be one of {list(MEASURES)}, got {measure!r}")
+    counts, errors = study["feature_counts"], study[measure]
     slope = log_log_slope(counts, errors)
     falling = all(b < a for a, b in zip(errors, errors[1:]))
     fall = math.log(errors[0] / errors[-1])
     verdict = "agrees" if falling and fall > BAND else ("disagrees" if slope >= 0 or fall <= BAND else "inconclusive")
-    return {"id": "random-features", "where": "App. E.1, Figs. 6-8", "task": "linear (trained layers)",
-            "claim": "the random-feature estimate of attention improves as d_r grows",
-            "rule": "falls", "measurement": {"feature_counts": counts, "attention_mse": errors, "slope": slope,
-                                             "monotone": falling, "log_fall": fall, "band": BAND},
+    suffix = "" if measure == "attention_mse" else "-" + measure.replace("_", "-")
+    return {"id": "random-features" + suffix, "where": "App. E.1, Figs. 6-8", "task": "linear (trained layers)",
+            "claim": f"the random-feature estimate improves as d_r grows ({MEASURES[measure]})",
+            "rule": "falls", "measurement": {"feature_counts": counts, "errors": errors, "measure": MEASURES[measure],
+                                             "slope": slope, "monotone": falling, "log_fall": fall, "band": BAND},
             "quantity": "final", "stable": True, "verdict": verdict}
 
 
@@ -498,26 +662,31 @@ def random_feature_claim(study):
 LOW_LEVEL = 0.1
 
 
-def low_level_claim(study, num_tokens=ApproximationConfig().num_tokens):
-    """Fig. 8 on trained layers: "both errors reaching a low level in the end", read at the
-    largest d_r of the study as an attention MAE below :data:`LOW_LEVEL` / num_tokens (a tenth of
-    the mean attention weight; the MSE is its square, so the reading holds for both). Agrees if the
-    upper quartile over repeats is below it, disagrees if the lower quartile is above, else
+def low_level_claim(study, num_tokens=ApproximationConfig().num_tokens, measure="attention_mae"):
+    """Fig. 8 on trained layers: "both errors reaching a low level in the end", one row per error:
+    the attention MAE below :data:`LOW_LEVEL` / num_tokens (a tenth of the mean attention weight)
+    and the attention MSE below its square, at the largest d_r of the study. Agrees if the upper
+    quartile over repeats is below it, disagrees if the lower quartile is above, else
     inconclusive; the random layers' error at the same d_r is reported beside."""
+    if measure not in ("attention_mae", "attention_mse"):
+        raise ValueError(f"measure must be attention_mae or attention_mse, got {measure!r}")
     trained, random = study["trained layers (linear task)"], study["iid (random layers)"]
     position = len(trained["feature_counts"]) - 1
-    threshold = LOW_LEVEL / num_tokens
-    low, high = trained["attention_mae_quartiles"][position]
+    threshold = (LOW_LEVEL / num_tokens) ** (2 if measure == "attention_mse" else 1)
+    low, high = trained[f"{measure}_quartiles"][position]
     verdict = "agrees" if high < threshold else ("disagrees" if low > threshold else "inconclusive")
     largest = trained["feature_counts"][position]
-    return {"id": "random-features-low-level", "where": "App. E.1, Fig. 8", "task": "linear (trained layers)",
-            "claim": f"the attention error reaches a low level in the end (read: attention MAE below a tenth of "
-                     f"the mean weight at the largest d_r, {largest})", "rule": "below",
-            "measurement": {"features": largest, "median": trained["attention_mae_median"][position],
-                            "quartiles": [low, high],
-                            "threshold": threshold, "random_layers": random["attention_mae_median"][position],
-                            "ratio_to_random": trained["attention_mae_median"][position]
-                            / random["attention_mae_median"][position]},
+    name = MEASURES[measure]
+    return {"id": "random-features-low-level" + ("-mse" if measure == "attention_mse" else ""),
+            "where": "App. E.1, Fig. 8", "task": "linear (trained layers)",
+            "claim": f"the {name} reaches a low level in the end (read: below "
+                     f"{'the square of ' if measure == 'attention_mse' else ''}a tenth of the mean weight at the "
+                     f"largest d_r, {largest})", "rule": "below",
+            "measurement": {"features": largest, "median": trained[f"{measure}_median"][position],
+                            "quartiles": [low, high], "measure": name,
+                            "threshold": threshold, "random_layers": random[f"{measure}_median"][position],
+                            "ratio_to_random": trained[f"{measure}_median"][position]
+                            / random[f"{measure}_median"][position]},
             "quantity": "final", "stable": True, "verdict": verdict}
 
 
@@ -542,6 +711,24 @@ def larger_values_claim(compared):
             "measurement": {"top_error": top, "rest_error": rest, "ratio": ratio, "threshold": LESS_ACCURATE,
                             "share": LARGER},
             "quantity": "final", "stable": True, "verdict": verdict}
+
+
+MAJORITY = 0.5    # "the majority": more than half of the attention weights
+
+
+def majority_claim(compared, num_tokens=ApproximationConfig().num_tokens):
+    """Fig. 9 on the first seed's trained layer at d_r = 1200: "the majority of the information is
+    still estimated comprehensively well", read as: more than half of the attention weights have an
+    absolute error below :data:`LOW_LEVEL` / num_tokens (a tenth of the mean weight). Agrees if the
+    share is above :data:`MAJORITY`, disagrees otherwise. One layer, one draw of the features."""
+    exact = torch.tensor(compared["attention"], dtype=torch.float64).flatten()
+    error = (torch.tensor(compared["attention_estimate"], dtype=torch.float64).flatten() - exact).abs()
+    threshold = LOW_LEVEL / num_tokens
+    share = float((error < threshold).double().mean())
+    return {"id": "random-features-majority", "where": "App. E.1, Fig. 9", "task": "linear (trained layer, seed 0)",
+            "claim": "most attention weights are estimated well (error below a tenth of the mean weight)",
+            "rule": "share", "measurement": {"share": share, "threshold": threshold, "majority": MAJORITY},
+            "quantity": "final", "stable": True, "verdict": "agrees" if share > MAJORITY else "disagrees"}
 
 
 def seed_counts(rank, holds, judged):
@@ -642,12 +829,14 @@ def number(value, digits=3):
 def markdown_rows(rows):
     """Paired comparisons as a Markdown table (losses divided by the label variance; the paired
     difference as the log ratio of the two)."""
-    lines = ["| model | median loss | median log(model / normal) | 95% interval | no effect within | "
+    lines = ["| model | median loss | median log(model / normal) | 95% sign-test interval | no effect within | "
              "better / worse / diverged |", "|---|---|---|---|---|---|"]
     for r in rows:
         low, high = r["interval"]
+        interval = (f"none at n = {r['seeds']} (needs 6)" if r.get("coverage") is None
+                    else f"[{number(low, 2)}, {number(high, 2)}] (>= {r['coverage']:.3f})")
         lines.append(f"| {r['name']} | {number(r['median_variant'])} | {number(r['median_difference'], 2)} | "
-                     f"[{number(low, 2)}, {number(high, 2)}] | +-{number(r['no_effect'], 2)} | "
+                     f"{interval} | ±{number(r['no_effect'], 2)} | "
                      f"{r['better']} / {r['worse']} / {r['diverged']} |")
     return "\n".join(lines)
 
@@ -658,28 +847,33 @@ def measured_text(result):
     if rule == "exact":
         return f"worst squared gap {m['worst_relative_squared_gap']:.1e} over {m['layers']} trained layers"
     if rule == "falls":
-        return (f"MSE slope {m['slope']:.2f} in log-log, log(first / last) {m['log_fall']:.2f} against a band of "
-                f"{m['band']:.3f}")
+        return (f"{m.get('measure', 'attention MSE')} slope {m['slope']:.2f} in log-log, log(first / last) "
+                f"{m['log_fall']:.2f} against a band of {m['band']:.3f}")
     if rule == "low rank":
         return f"{m['fewest_below']} of {m['seeds']} seeds below d - 0.5 at every d_h under the paper's"
     if rule == "below":
-        return (f"attention MAE at d_r = {m['features']}: {m['median']:.2g} (quartiles {m['quartiles'][0]:.2g} to "
+        return (f"{m.get('measure', 'attention MAE')} at d_r = {m['features']}: {m['median']:.2g} (quartiles {m['quartiles'][0]:.2g} to "
                 f"{m['quartiles'][1]:.2g}) against a low level of {m['threshold']:.2g}; random layers "
                 f"{m['random_layers']:.2g}")
     if rule == "ratio":
         return f"largest tenth's median error {m['ratio']:.2g} x the rest's (threshold {m['threshold']:g})"
+    if rule == "share":
+        return f"{m['share']:.0%} of the weights within {m['threshold']:.2g} of the exact value"
     if rule == "saturates":
         return (f"{m['fewest_at_or_above']} of {m['seeds']} seeds reach d - 0.5 at every d_h from the paper's; "
                 f"every seed from d_h = {m['every_seed_from']}")
-    low, high = m["interval"]
-    apart = f", {len(m['seeds_apart'])} set apart" if m.get("seeds_apart") else ""
-    text = (f"`{m['name']}`: log ratio {number(m['median_difference'], 2)} [{number(low, 2)}, {number(high, 2)}], "
-            f"{m['better']} better / {m['worse']} worse" + (f" / {m['diverged']} diverged" if m["diverged"] else "")
-            + f" of {m['seeds']}{apart}")
-    return text if m["against"].startswith("normal") else text + f" vs `{m['against']}`"
+    d = result["decision"]
+    if rule == "unstable":
+        return (f"`{m['name']}`: unstable on {d['only_variant']} seeds where the normal model is not, "
+                f"the reverse on {d['only_normal']}, of {d['n']} (p = {d['p']:.2g})")
+    bounds = ("no bound at this n" if d["lower"] is None else
+              f"[{number(d['lower'], 2)}, {number(d['upper'], 2)}]")
+    against = "normal" if m["against"].startswith("normal") else f"`{m['against']}`"
+    return (f"`{m['name']}` against {against}: effect {number(d['effect'], 2)} {bounds} in the paper's "
+            f"direction, p = {d['p']:.2g}, {m['better']} better / {m['worse']} worse of {d['n']}")
 
 
-PAIRED_RULES = ("helps", "hurts", "comparable", "no gain", "unstable", "worse-than-single", "not-worse-than-more")
+PAIRED_RULES = statistics.KINDS + ("unstable",)
 
 
 def markdown_claims(results):

@@ -11,8 +11,9 @@ order, the dropout draws and the new branches, so every setting is compared with
 of its own seed. Every setting also trains for longer, and the normal model for longer still, to
 read each verdict where training has converged; a linear probe on
 the frozen checkpoint is the baseline. :func:`claims` sets the paper's claims about Table 1 that
-concern RTE against the record, by the rules of :mod:`icl_lens.verdicts` with a band of one point
-of accuracy. Needs the optional extra ``pip install -e .[bert]``.
+concern RTE against the record (they are read on the stand-in), with a band of one point
+of accuracy, decided by :mod:`icl_lens.statistics`. Needs the optional extra
+``pip install -e .[bert]``.
 """
 
 from dataclasses import asdict, dataclass, replace
@@ -20,8 +21,7 @@ from typing import TypedDict
 
 import torch
 
-from icl_lens import verdicts
-from icl_lens.verdicts import Claim
+from icl_lens import statistics, verdicts
 from icl_lens.bert.glue import TASKS, GlueConfig, fine_tune, load_classifier, load_data, metrics, table_settings
 from icl_lens.bert.modify import PACKAGED_MINILM, modify_bert
 from icl_lens.device import pick
@@ -253,7 +253,7 @@ def summarise(record):
         for key, epochs in (("", study["epochs"]), ("longer", study["longer_epochs"])):
             values = metric_by_seed(record, setting, epochs)
             if values:
-                measured = {"median": verdicts.median(values.values()),
+                measured = {"median": verdicts.lower_median(values.values()),
                             "against_normal": compare(values, metric_by_seed(record, "normal", epochs))}
                 entry.update({key: measured} if key else measured)
     # converged at a length: the normal model trained longer (twice as long by default) moves by
@@ -269,22 +269,7 @@ def summarise(record):
     return summary
 
 
-# the paper's claims about Table 1 (App. E), read for RTE, against the offline run
-
-def verdict_helps(comparison):
-    """A claim that the first setting beats the second (paired differences, higher is better)."""
-    return verdicts.helps(comparison["interval"], NO_EFFECT, lower_is_better=False, effect_beyond_band=False)
-
-
-def verdict_no_gain(comparison):
-    """A claim that the first setting does not beat the second by more than NO_EFFECT."""
-    return verdicts.no_gain(comparison["interval"], NO_EFFECT, lower_is_better=False)
-
-
-def verdict_not_worse(comparison):
-    """A claim that the first setting is at least as good as the second (within NO_EFFECT)."""
-    return verdicts.not_worse(comparison["interval"], NO_EFFECT, lower_is_better=False)
-
+# the paper's claims about Table 1 (App. E.5), read for RTE on the stand-in, against the offline run
 
 def deciding_length(record):
     """"longer" where the normal model has converged after longer_epochs but not after the study's
@@ -292,16 +277,6 @@ def deciding_length(record):
     summary = record["summary"]
     late = not summary["convergence"]["converged"] and summary.get("convergence_longer", {}).get("converged")
     return "longer" if late else ""
-
-
-def best_setting(record, names):
-    """The setting of ``names`` with the highest median paired difference to the normal model, at
-    the length that decides (:func:`deciding_length`)."""
-    table, key = record["summary"]["settings"], deciding_length(record)
-    if key and any(key in table[name] for name in names):   # among the settings with longer runs
-        return max((name for name in names if key in table[name]),
-                   key=lambda name: table[name][key]["against_normal"]["median"])
-    return max(names, key=lambda name: table[name]["against_normal"]["median"])
 
 
 def mean_of(record, names, epochs=None):
@@ -313,102 +288,159 @@ def mean_of(record, names, epochs=None):
     return {seed: sum(f[seed] for f in finals) / len(finals) for seed in finals[0]}
 
 
-def settings_named(*names):
-    """A side of a claim: these settings, averaged within each seed (none where one was not run)."""
-    def pick(record):
-        return (tuple(names), None) if set(names) <= set(record["study"]["settings"]) else ((), None)
-    return pick
-
-
-def settings_where(accept):
-    """A side of a claim: every setting the study ran that ``accept`` takes, averaged."""
-    def pick(record):
-        return tuple(sorted(s for s in record["study"]["settings"] if accept(s))), None
-    return pick
-
-
-def best_setting_where(accept):
-    """A side of a claim: the best (at the length that decides) of the settings ``accept`` takes,
-    as the paper reports the best of each kind."""
-    def pick(record):
-        names = sorted(s for s in record["study"]["settings"] if accept(s))
-        return ((best_setting(record, names),), f"best of {', '.join(names)}") if names else ((), None)
-    return pick
+def settings_where(record, accept):
+    return tuple(sorted(s for s in record["study"]["settings"] if accept(s)))
 
 
 def alpha_of(setting):
     return abs(float(setting.split("=")[1])) if setting.startswith("alpha=") else None
 
 
-RULES = {"helps": verdict_helps, "no gain": verdict_no_gain, "not worse": verdict_not_worse}
-NORMAL = settings_named("normal")
-# the paper's claims about Table 1 that can be read for RTE; ``select`` gives the two sides
-# compared (the first against the second)
+@dataclass(frozen=True)
+class Claim:
+    """A claim about Table 1 as data: ``pairs`` maps the record to the alternatives to judge, each a
+    list of (first settings, second settings) compared by seed (each side the mean of its settings);
+    ``kind`` / ``direction`` / ``scope`` as in :func:`icl_lens.statistics.decide_claim`
+    ("higher": the first side's accuracy is higher)."""
+
+    id: str
+    where: str
+    claim: str
+    kind: str
+    direction: str
+    pairs: object
+    scope: str = "every"
+    sentence: str = ""
+
+
+def each_against_normal(accept, scope):
+    def pairs(record):
+        names = settings_where(record, accept)
+        if scope == "some":
+            return [[((name,), ("normal",))] for name in names]
+        return [[((name,), ("normal",)) for name in names]]
+    return pairs
+
+
+def named(first, second):
+    return lambda record: [[(tuple(first), tuple(second))]]
+
+
+def means(first, second):
+    return lambda record: [[(settings_where(record, first), settings_where(record, second))]]
+
+
 CLAIMS = (
-    Claim("table1-regularized", "App. E.5, text after Table 1", "RTE stand-in",
-          "The best regularized setting does not beat the normal model on RTE (it does on the other three tasks).",
-          "no gain", (best_setting_where(lambda s: s.startswith("alpha=")), NORMAL)),
-    Claim("table1-small-alpha", "App. E.5, Table 1 discussion", "RTE stand-in",
-          "A small alpha (in absolute value) is better than a large one.", "helps",
-          (settings_where(lambda s: alpha_of(s) is not None and alpha_of(s) < 0.3),
-           settings_where(lambda s: alpha_of(s) is not None and alpha_of(s) >= 0.3))),
-    Claim("table1-augmented", "App. E.5, Table 1", "RTE stand-in",
-          "The best augmented setting beats the normal model (on all four tasks).", "helps",
-          (best_setting_where(lambda s: s in ("g1", "g2")), NORMAL)),
-    Claim("table1-g1", "App. E.5, Table 1", "RTE stand-in",
-          "g1 alone (the value branch) is more effective than the other augmentation.",
-          "helps", (settings_named("g1"), settings_named("g2"))),
-    Claim("table1-negative", "App. E.5, Table 1", "RTE stand-in",
-          "Negative samples do not help on RTE (they help on CoLA and STS-B only).", "no gain",
-          (best_setting_where(lambda s: s.startswith("r=")), NORMAL)),
-    Claim("table1-best-combination", "App. E.5, Table 1", "RTE stand-in",
-          "On RTE the best combination is augmented + negative (regularized + augmented only on STS-B).",
-          "not worse", (settings_named("g1 + negative"), settings_named("alpha + g1"))),
-    Claim("table1-combination-below-augmentation", "App. E.5, Table 1", "RTE stand-in",
-          "The best combination is slightly below augmentation alone.", "no gain",
-          (settings_named("g1 + negative"), settings_named("g1"))),
+    Claim("table1-regularized", "App. E.5, Table 1", "On the RTE stand-in no regularized setting beats the normal "
+          "model (the paper: the best regularized model beats it on the other three tasks, not on RTE)",
+          "not beyond", "higher", each_against_normal(lambda s: s.startswith("alpha="), "every"),
+          sentence="bolded results indicate the performance superior to the original model"),
+    Claim("table1-small-alpha", "App. E.5, Table 1", "On the RTE stand-in a small |alpha| (< 0.3) does better than "
+          "a large one", "directional", "higher",
+          means(lambda s: alpha_of(s) is not None and alpha_of(s) < 0.3,
+                lambda s: alpha_of(s) is not None and alpha_of(s) >= 0.3)),
+    Claim("table1-augmented", "App. E.5, Table 1", "On the RTE stand-in some augmented setting (g1 or g2) beats "
+          "the normal model", "directional", "higher", each_against_normal(lambda s: s in ("g1", "g2"), "some"),
+          scope="some", sentence="bolded results indicate the performance superior to the original model"),
+    Claim("table1-g1", "App. E.5, Table 1", "On the RTE stand-in g1 (the value branch) does better than g2",
+          "directional", "higher", named(["g1"], ["g2"])),
+    Claim("table1-negative", "App. E.5, text after Table 1", "On the RTE stand-in negative samples do worse than "
+          "the normal model", "directional", "lower", each_against_normal(lambda s: s.startswith("r="), "every"),
+          sentence="their performance on MRPC and RTE is worse than the original one"),
+    Claim("table1-best-combination", "App. E.5, text after Table 1", "On the RTE stand-in augmented + negative "
+          "does no worse than regularized + augmented", "not beyond", "lower",
+          named(["g1 + negative"], ["alpha + g1"]),
+          sentence="the combination of augmented and negative modification achieves the best performance on "
+                   "CoLA, MRPC, and RTE"),
+    Claim("table1-combination-below-augmentation", "App. E.5, text after Table 1", "On the RTE stand-in the best "
+          "combination (augmented + negative) is slightly below augmentation alone (g1)", "slightly", "lower",
+          named(["g1 + negative"], ["g1"]),
+          sentence="their optimal performance is slightly inferior to the best performance achieved with "
+                   "augmented models alone"),
 )
+# claims of App. E.5 the stand-in's settings cannot test
+NOT_RUN = {
+    "table1-all-three": ("using all three modifications simultaneously is not necessary", "the stand-in run has "
+                         "no setting with all three modifications"),
+    "table1-one-other-sufficient": ("augmented alone or with one other modification is sufficient", "read "
+                                    "against all three together, which the stand-in run does not train"),
+}
 
 
-def measure(record, first, second, rule, epochs):
-    """The paired comparison of the mean of ``first`` against the mean of ``second`` at
-    ``epochs`` and the rule's verdict, or None when a side has no runs of that length."""
+def differences_at(record, first, second, epochs):
+    """Per-seed first - second (means of the settings of each side), rounded far below the metric's
+    resolution so that float round-off (0.51 - 0.50 = 0.010000000000000009) decides nothing; None
+    where a side has no runs of that length."""
     values, reference = mean_of(record, first, epochs), mean_of(record, second, epochs)
     if not values or not reference:
         return None
-    comparison = compare(values, reference)
-    return {key: comparison[key] for key in ("median", "interval", "better", "worse")} | \
-        {"verdict": rule(comparison)}
+    return [round(values[seed] - reference[seed], 9) for seed in sorted(reference)]
+
+
+def judge(row, record, epochs, choice=None):
+    """The claim's decision at ``epochs``, at 0.05 / k for a choice among k alternatives. Only the
+    alternatives with runs of that length can be chosen (k still counts them all); with ``choice``
+    (the alternative chosen at the deciding length) only that one is read. None where none has runs."""
+    alternatives = row.pairs(record)
+    if not alternatives or not all(alternatives) or any(not a or not b for alt in alternatives for a, b in alt):
+        return None, alternatives
+    candidates = range(len(alternatives)) if choice is None else [choice]
+    differences = {i: [differences_at(record, a, b, epochs) for a, b in alternatives[i]] for i in candidates}
+    available = [i for i in candidates if all(d is not None for d in differences[i])]
+    if not available or (row.scope == "every" and len(available) < len(alternatives)):
+        return None, alternatives
+    decision = statistics.decide_claim(row.kind, [differences[i] for i in available], NO_EFFECT,
+                                       direction=row.direction, scope=row.scope, k=len(alternatives),
+                                       choice=None if choice is None else 0)
+    return {**decision, "chosen": available[decision["chosen"]]}, alternatives
+
+
+def plain(decision, alternatives, record, epochs):
+    if decision is None:
+        return None
+    weakest = decision["comparisons"][decision["weakest"]]
+    first, second = alternatives[decision["chosen"]][decision["weakest"]]
+    return {"verdict": decision["verdict"], "p": decision["p"], "k": decision["k"], "n": weakest["n"],
+            "effect": weakest["effect"], "lower": weakest["lower"], "upper": weakest["upper"],
+            "coverage": weakest["coverage"], "cannot_decide": decision["cannot_decide"],
+            "first": list(first), "second": list(second), "chosen": decision["chosen"],
+            "differences": differences_at(record, first, second, epochs)}
 
 
 def claims(record):
-    """Each claim of :data:`CLAIMS` that the study's settings can test, measured on the stand-in at
-    the study's epochs and, where the settings have those runs, at longer_epochs, with the verdict
-    the record supports: the verdict at the first length at which the normal model has converged
-    (the study's epochs, else longer_epochs, judged against check_epochs); where neither has, the
-    verdict at both lengths where they agree, and "inconclusive" where they differ or there are no
-    longer runs (a verdict that changes with longer training is not one)."""
+    """Each claim of :data:`CLAIMS` that the study's settings can test, decided by
+    :func:`icl_lens.statistics.decide_claim` at the length that decides (the study's epochs where
+    the normal model has converged there, else longer_epochs where it has converged there) and
+    checked at the other length with the same choice of setting. A verdict that differs between
+    the lengths is inconclusive, and the claim's p is the larger. Where the other length was not
+    run for those settings, the verdict stands if the normal model has converged at the deciding
+    length, else it is inconclusive."""
     study = record["study"]
-    converged = record["summary"]["convergence"]["converged"]
-    longer_converged = deciding_length(record) == "longer"
+    longer_decides = deciding_length(record) == "longer"
     found = []
     for row in CLAIMS:
-        (first, label), (second, _) = (pick(record) for pick in row.select)
-        if not first or not second:      # the study did not run the settings the claim names
+        lengths = (study["longer_epochs"], study["epochs"]) if longer_decides else (study["epochs"], study["longer_epochs"])
+        decision, alternatives = judge(row, record, lengths[0])
+        if decision is None and longer_decides:
+            lengths = lengths[::-1]
+            decision, alternatives = judge(row, record, lengths[0])
+        if decision is None:        # the study did not run the settings the claim names
             continue
-        rule = RULES[row.rule]
-        short = measure(record, first, second, rule, study["epochs"])
-        longer = measure(record, first, second, rule, study["longer_epochs"])
-        if converged:
-            verdict = short["verdict"]
-        elif longer_converged and longer:
-            verdict = longer["verdict"]
+        other, _ = judge(row, record, lengths[1], choice=decision["chosen"])
+        converged_there = record["summary"]["convergence"]["converged"] or longer_decides
+        if other is None:       # no runs to check against: the verdict stands only where training has converged
+            verdict = decision["verdict"] if converged_there else "inconclusive"
         else:
-            verdict = short["verdict"] if longer and longer["verdict"] == short["verdict"] else "inconclusive"
-        compared = f"{label} ({first[0]})" if label else side_name(first)
-        found.append({"id": row.id, "claim": row.claim, "where": row.where,
-                      "compared": f"{compared} against {side_name(second)}",
-                      "measured": short, "longer": longer, "verdict": verdict})
+            verdict = decision["verdict"] if other["verdict"] == decision["verdict"] else "inconclusive"
+        p = max(decision["p"], other["p"]) if other is not None and verdict != "inconclusive" else decision["p"]
+        deciding = plain(decision, alternatives, record, lengths[0])
+        found.append({"id": row.id, "claim": row.claim, "where": row.where, "sentence": row.sentence,
+                      "kind": row.kind, "direction": row.direction, "scope": row.scope,
+                      "compared": f"{side_name(deciding['first'])} against {side_name(deciding['second'])}",
+                      "epochs": lengths[0], "measured": deciding,
+                      "other_length": {"epochs": lengths[1], **plain(other, alternatives, record, lengths[1])}
+                      if other is not None else None,
+                      "verdict": verdict, "p": p})
     return found
 
 

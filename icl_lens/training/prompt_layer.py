@@ -316,7 +316,7 @@ def summary(runs, label_variances):
     """Median over seeds (the runs) of the reported normalised test loss, of each baseline's
     normalised loss and of von Oswald's measures (see :func:`reported_value`), with the
     convergence criterion of :func:`icl_lens.verdicts.converged` over the runs' improvements."""
-    median = verdicts.median
+    median = verdicts.lower_median
     found = {"trained layer": median([reported_value(r, "loss") / v for r, v in zip(runs, label_variances)])}
     for name in runs[0]["baselines"]:
         found[name] = median([r["baselines"][name] / v for r, v in zip(runs, label_variances)])
