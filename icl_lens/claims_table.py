@@ -85,10 +85,15 @@ def why_inconclusive(decision, end, half, lengths=("the end", "half of training"
     """Why a row is inconclusive, in a line."""
     if end != half and half not in (None, "not applicable") and end != "inconclusive":
         return f"{end} at {lengths[0]}, {half} at {lengths[1]}"
+    k = decision.get("k") or 1
     if decision.get("cannot_decide"):
-        k = decision.get("k") or 1
         return (f"cannot decide at n = {decision['n']}" + (f" with {k} settings to choose from" if k > 1 else "")
-                + f": the smallest p attainable, {k} x 2^-{decision['n']}, exceeds 0.05")
+                + f": neither test can reach 0.05 (agreeing at best p = {decision['smallest_agree']:.2g}, "
+                f"disagreeing {decision['smallest_disagree']:.2g})")
+    if decision.get("smallest_agree", 0) > statistics.ALPHA:
+        return (f"agreeing cannot reach 0.05 at n = {decision['n']}" + (f" with {k} settings to choose from"
+                                                                        if k > 1 else "")
+                + f" (at best p = {decision['smallest_agree']:.2g}), and the data do not disagree")
     low, high = decision.get("lower"), decision.get("upper")
     if low is None:
         return f"no one-sided bound at n = {decision['n']}"
@@ -131,7 +136,8 @@ def comparative_section5(claim, records):
             "log(other / variant) of the final loss" if claim["direction"] == "lower" else
             "log(variant / other) of the final loss")
     compared = "; ".join(f"{a} against {b}" for a, b in claim["settings"])
-    found = {"scope": claim["scope"], "compared": compared, "unit": unit, "band": section5_claims.BAND,
+    sides = (d["p_agree"], d["p_disagree"], d["smallest_agree"], d["smallest_disagree"])
+    found = {"_sides": sides, "scope": claim["scope"], "compared": compared, "unit": unit, "band": section5_claims.BAND,
              "n": d["n"], "p": claim["p"], "cannot_decide": bool(d["cannot_decide"]),
              "effect": d.get("effect"), "lower": d.get("lower"), "upper": d.get("upper"),
              "coverage": d.get("coverage"), "noise_floor": claim.get("noise_floor"),
@@ -144,6 +150,8 @@ def comparative_section5(claim, records):
     else:
         found["reading"] = (f"{section5_claims.measured_text(claim)}; {m['better']} better / {m['worse']} worse "
                             f"by more than the band, {m['diverged']} diverged")
+    if claim.get("note"):
+        found["reading"] += f"; note: {claim['note']}"
     if claim["verdict"] == "inconclusive":
         found["why"] = why_inconclusive(d, claim["verdict_at_end"], claim["verdict_at_half"], kind=claim["kind"],
                                         band=section5_claims.BAND)
@@ -176,8 +184,12 @@ def simulated_seeds(claim, record):
         flags = [v is None or v > 1 for v in m["variant"]]
         normal_flags = [section5.normalised_loss(record, x) > 1 for x in normal]
         return statistics.seeds_needed_unstable(flags, normal_flags)
-    return statistics.seeds_needed(claim["kind"], section5_claims.raw_differences(m), section5_claims.BAND,
-                                   direction=claim["direction"], choices=d.get("k") or 1)
+    # every comparison of the chosen setting must decide: the largest of their estimates
+    needed = [statistics.seeds_needed(claim["kind"], section5_claims.raw_differences({"difference": differences}),
+                                      section5_claims.BAND, direction=claim["direction"], choices=d.get("k") or 1,
+                                      comparisons=len(claim["differences"]))
+              for differences in claim["differences"]]
+    return None if None in needed else max(needed)
 
 
 THRESHOLD_UNITS = {"exact": "relative squared gap", "falls": "log(error at the smallest d_r / at the largest)",
@@ -224,6 +236,7 @@ def table1_rows(saved, record):
                     scope=claim["scope"], compared=claim["compared"], verdict=claim["verdict"], effect=m["effect"],
                     lower=m["lower"], upper=m["upper"], coverage=m["coverage"], n=m["n"], p=claim["p"],
                     cannot_decide=bool(m["cannot_decide"]), band=table1.NO_EFFECT, section="bert",
+                    _sides=(m["p_agree"], m["p_disagree"], m["smallest_agree"], m["smallest_disagree"]),
                     unit="accuracy, " + ("first - second" if sign > 0 else "second - first"),
                     reading=f"{claim['compared']}: {m['verdict']} after {claim['epochs']} epochs, "
                             f"{other['verdict'] if other else 'not run'} after "
@@ -233,7 +246,8 @@ def table1_rows(saved, record):
                                           (f"{claim['epochs']} epochs", f"{other['epochs'] if other else '-'} epochs"),
                                           kind=claim["kind"], band=table1.NO_EFFECT)
             row["seeds_needed"] = statistics.seeds_needed(claim["kind"], m["differences"], table1.NO_EFFECT,
-                                                          direction=claim["direction"], choices=m.get("k", 1))
+                                                          direction=claim["direction"], choices=m.get("k", 1),
+                                                          comparisons=m["comparisons"])
         rows.append(row)
     for key, (sentence, reason) in table1.NOT_RUN.items():
         rows.append(not_run_row(key, "App. E.5, text after Table 1", sentence, reason, "bert"))
@@ -262,10 +276,13 @@ def li_rows(saved, record):
         d = claim.get("decision")
         if d is not None:
             band = {"comparable": math.log(1 + li_et_al.MATCH)}.get(claim["kind"], li_et_al.COSINE_BAND)
-            row.update(kind=claim["kind"], scope="every", effect=d["effect"], lower=d["lower"], upper=d["upper"],
+            row.update(_sides=(d["p_agree"], d["p_disagree"], d["smallest_agree"], d["smallest_disagree"]),
+                       kind=claim["kind"], scope="every", effect=d["effect"], lower=d["lower"], upper=d["upper"],
                        coverage=d["coverage"], n=d["n"], p=d["p"], cannot_decide=bool(d["cannot_decide"]),
                        band=band, unit=LI_UNITS[claim["kind"]],
                        quantity="over training" if claim["kind"] == "directional" else "final")
+            row["reading"] += ("; the 5% and 0.95 thresholds are ours: the paper reports the similarity without "
+                               "a threshold")
             if verdict == "inconclusive":
                 row["why"] = why_inconclusive(d, verdict, None, kind=claim["kind"], band=band)
                 row["seeds_needed"] = statistics.seeds_needed(claim["kind"], d["values"], band, direction="higher")
@@ -312,13 +329,35 @@ def across_rows(saved, record):
 
 
 def family(rows, alpha=statistics.ALPHA):
-    """Benjamini-Yekutieli over every comparative row that can pass (Tarone: rows whose smallest
-    attainable p exceeds alpha stay out); sets p_family and survives_family in place."""
-    p_values = [row["p"] if row["p"] is not None and not row["cannot_decide"] else None for row in rows]
-    for row, adjusted in zip(rows, statistics.family_adjusted(p_values, alpha)):
-        row["p_family"] = adjusted
-        row["survives_family"] = (None if adjusted is None or row["verdict"] == "inconclusive"
-                                  else bool(adjusted <= alpha))
+    """Benjamini-Yekutieli over both tests (agreeing, disagreeing) of every comparative row, with
+    Tarone's exclusion of the tests that cannot pass (:func:`icl_lens.statistics.family_adjusted`);
+    a row's p_family is the adjusted p of the test that decided it (an inconclusive row: the
+    smaller of its two), and a decisive row survives where that is <= alpha. Sets the fields in
+    place."""
+    tests, owners = [], []
+    for index, row in enumerate(rows):
+        if row.get("_sides") is None or row["p"] is None:
+            continue
+        p_agree, p_disagree, smallest_agree, smallest_disagree = row["_sides"]
+        if row["verdict"] == "agrees":
+            p_agree = row["p"]
+        elif row["verdict"] == "disagrees":
+            p_disagree = row["p"]
+        tests += [(p_agree, smallest_agree), (p_disagree, smallest_disagree)]
+        owners += [(index, "agrees"), (index, "disagrees")]
+    adjusted = statistics.family_adjusted([p for p, _ in tests], [s for _, s in tests], alpha)
+    by_row = {}
+    for (index, side), value in zip(owners, adjusted):
+        by_row.setdefault(index, {})[side] = value
+    for index, row in enumerate(rows):
+        sides = by_row.get(index, {})
+        if row["verdict"] in sides:
+            row["p_family"] = sides[row["verdict"]]
+        else:
+            found = [v for v in sides.values() if v is not None]
+            row["p_family"] = min(found) if found else None
+        row["survives_family"] = (None if row["p_family"] is None or row["verdict"] == "inconclusive"
+                                  else bool(row["p_family"] <= alpha))
     return rows
 
 
@@ -360,9 +399,12 @@ def summary_line(rows):
     """One line: the counts, how many decisive rows survive the family correction, the rows not run."""
     found, kept = counts(rows), surviving(rows)
     not_run = sum(row["verdict"] == "not run" for row in rows)
+    family = sum(row["p_family"] is not None for row in rows)
+    corrected = (f"surviving Benjamini-Yekutieli at 5% over the family: agrees {kept['agrees']}, disagrees "
+                 f"{kept['disagrees']}" if family else "none can survive Benjamini-Yekutieli over the family at "
+                 "these seeds (no test can reach its largest threshold)")
     return (f"{sum(found.values())} claims: agrees {found['agrees']}, disagrees {found['disagrees']}, inconclusive "
-            f"{found['inconclusive']}; surviving Benjamini-Yekutieli at 5% over the family: agrees {kept['agrees']}, "
-            f"disagrees {kept['disagrees']}; {not_run} not run (listed apart)")
+            f"{found['inconclusive']}; {corrected}; {not_run} not run (listed apart)")
 
 
 def number(value, digits=2):

@@ -15,8 +15,7 @@ that P(Bin(n, 1/2) <= k - 1) <= alpha, and the upper bound is x(n - k + 1); each
 with probability >= 1 - alpha (its achieved coverage, 1 - P(Bin(n, 1/2) <= k - 1), is printed as
 ">= c"). Below n = 5 no one-sided 95% bound exists. Decisions are made with the sign test's exact
 p-values, which agree with the bounds: "L > c" at level alpha is P(Bin(n, 1/2) >= #{x > c}) <=
-alpha. A value equal to the threshold counts against the claim being tested (ties and zeros
-never help a verdict); n is kept.
+alpha. A value equal to a threshold counts as not beyond it (a zero is no effect); n is kept.
 
 Per claim kind, at one-sided alpha (0.05), with ``band`` the no-effect band:
 
@@ -33,20 +32,21 @@ not beyond          U < band                             L > 0 and e >= band
 "sufficient" (direction: the worsening one). Anything else is inconclusive; the two columns
 cannot both hold. A comparison whose n cannot reach alpha says "cannot decide at n = ...".
 
-Sets of settings (:func:`decide_claim`): a claim about *every* setting it names tests each at
-alpha and agrees only if all agree, disagrees if any disagrees (intersection-union, no
-correction); a claim about *some* setting takes the best of its k alternatives at alpha / k
-(Bonferroni; the best is the one with the smallest p-value for agreeing, chosen at the end of
-training and kept at half) and disagrees only if every alternative disagrees at alpha.
+Sets of settings (:func:`decide_claim`): a claim about *every* setting it names (or every
+comparator) agrees only if each of its m comparisons agrees at alpha (intersection-union, no
+correction) and disagrees if one does at alpha / m (a union, Bonferroni); a claim about *some*
+setting takes the best of its k alternatives at alpha / k (Bonferroni; the best is one that
+agrees, then the smallest p-value, chosen at the end of training and kept at half) and
+disagrees only if every alternative disagrees.
 
-Family: :func:`family_adjusted` applies Benjamini-Yekutieli (valid under any dependence) to the
-deciding p-values of every row; rows whose smallest attainable p cannot pass are left out of the
-family (Tarone) and marked.
+Family: :func:`family_adjusted` applies Benjamini-Yekutieli (valid under any dependence) to
+both tests of every row (agreeing and disagreeing); tests whose smallest attainable p cannot pass
+BY's largest threshold are left out of the family (Tarone).
 
-Power: :func:`seeds_needed` simulates studies under this very rule (its level and Bonferroni
-factor), drawing the probabilities of the four regions that the thresholds cut (x < -band,
--band <= x <= 0, 0 < x < band, x >= band) from their Dirichlet posterior given the observed seeds.
-It ignores the half-of-training check and the family correction, so it is a lower bound.
+Power: :func:`seeds_needed` simulates studies under the comparison's rule (its levels), drawing
+the probabilities of the four regions that the thresholds cut (x < -band, -band <= x <= 0,
+0 < x < band, x >= band) from their Dirichlet posterior given the observed seeds. It leaves out
+the half-of-training check and the family correction: an estimate, not a guarantee.
 """
 
 import math
@@ -134,26 +134,33 @@ def in_direction(differences, direction):
     return [sign * d for d in kept]
 
 
-def decide(kind, differences, band, *, direction="lower", alpha=ALPHA):
+def decide(kind, differences, band, *, direction="lower", alpha=ALPHA, alpha_disagree=None):
     """One comparison by the rule of ``kind`` (see the module text). ``differences`` are per-seed
-    variant - comparator (None or nan: the comparator diverged, left out); ``band`` > 0.
+    variant - comparator (None or nan: left out); ``band`` > 0; ``alpha_disagree`` the level of the
+    disagreeing test where it differs from ``alpha`` (a union of comparisons, corrected).
 
     Returns {verdict, effect, lower, upper, coverage, n, p_agree, p_disagree, p, alpha,
-    cannot_decide}: the effect and bounds in the claim's direction, the p-values of the tests
-    for agreeing and for disagreeing (for a two-test condition, the larger of its two; for a
-    one-of-two condition, twice the smaller), and ``p`` the one of the verdict (for an
-    inconclusive comparison the smaller of the two: the test that came nearest)."""
+    smallest_agree, smallest_disagree, cannot_decide}: the effect and bounds in the claim's
+    direction, the p-values of the tests for agreeing and for disagreeing (for a two-test
+    condition, the larger of its two; for a one-of-two condition, twice the smaller), ``p`` the one
+    of the verdict (for an inconclusive comparison the smaller of the two: the test that came
+    nearest), the smallest p each side can reach at this n, and ``cannot_decide`` where neither
+    side can reach its level."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if not (isinstance(band, (int, float)) and band > 0 and math.isfinite(band)):
         raise ValueError(f"band must be a positive finite number, got {band!r}")
     if not 0 < alpha < 0.5:
         raise ValueError(f"alpha must lie in (0, 0.5), got {alpha!r}")
+    alpha_disagree = alpha if alpha_disagree is None else alpha_disagree
     x = in_direction(differences, direction)
     n = len(x)
-    found = {"n": n, "alpha": alpha, "effect": None, "lower": None, "upper": None, "coverage": None,
-             "p_agree": 1.0, "p_disagree": 1.0, "p": 1.0, "verdict": "inconclusive",
-             "cannot_decide": smallest_p(n) > alpha if n else True}
+    smallest_agree = smallest_p(n)
+    smallest_disagree = min(1.0, 2 * smallest_p(n)) if kind == "comparable" else smallest_p(n)
+    found = {"n": n, "alpha": alpha, "alpha_disagree": alpha_disagree, "effect": None, "lower": None,
+             "upper": None, "coverage": None, "p_agree": 1.0, "p_disagree": 1.0, "p": 1.0, "verdict": "inconclusive",
+             "smallest_agree": smallest_agree, "smallest_disagree": smallest_disagree,
+             "cannot_decide": smallest_agree > alpha and smallest_disagree > alpha_disagree}
     if n == 0:
         return found
     effect = median(x)
@@ -162,17 +169,17 @@ def decide(kind, differences, band, *, direction="lower", alpha=ALPHA):
     beyond = effect >= band
     if kind == "directional":
         p_agree, p_disagree = p_above(x, 0.0), p_below(x, band)
-        agree, disagree = p_agree <= alpha and beyond, p_disagree <= alpha
+        agree, disagree = p_agree <= alpha and beyond, p_disagree <= alpha_disagree
     elif kind == "slightly":
         p_agree, p_disagree = p_above(x, 0.0), p_below(x, 0.0, inclusive=True)
-        agree, disagree = p_agree <= alpha, p_disagree <= alpha
+        agree, disagree = p_agree <= alpha, p_disagree <= alpha_disagree
     elif kind == "comparable":
         p_agree = max(p_above(x, -band), p_below(x, band))
         p_disagree = min(1.0, 2 * min(p_above(x, band), p_below(x, -band)))
-        agree, disagree = p_agree <= alpha, p_disagree <= alpha
+        agree, disagree = p_agree <= alpha, p_disagree <= alpha_disagree
     else:   # "not beyond"
         p_agree, p_disagree = p_below(x, band), p_above(x, 0.0)
-        agree, disagree = p_agree <= alpha, p_disagree <= alpha and beyond
+        agree, disagree = p_agree <= alpha, p_disagree <= alpha_disagree and beyond
     if agree and disagree:     # cannot happen (tested); kept as a guard on the table above
         raise AssertionError(f"{kind}: both agrees and disagrees hold for {x}")
     verdict = "agrees" if agree else "disagrees" if disagree else "inconclusive"
@@ -183,15 +190,21 @@ def decide(kind, differences, band, *, direction="lower", alpha=ALPHA):
 
 def decide_claim(kind, alternatives, band, *, direction="lower", scope="every", alpha=ALPHA, choice=None, k=None):
     """A claim over sets of settings. ``alternatives`` is a list of alternatives, each a list of
-    per-seed difference lists that must all hold (a setting against each comparator it names).
-    ``scope`` "every": one alternative, each comparison at ``alpha``; "some": the best of the k
-    alternatives at alpha / k, disagreeing only if every alternative disagrees at ``alpha``.
-    ``choice`` fixes the alternative (an index; at half of training, the one chosen at the end);
-    ``k`` the number of alternatives the choice was made among, where fewer are passed (a check on
-    the chosen one alone).
+    per-seed difference lists (an alternative holds only if each of its m comparisons holds: a
+    setting against each comparator it names, or every setting against the normal model).
 
-    Returns {verdict, p, chosen, k, level, comparisons (of the chosen alternative, at its level),
-    weakest (the index of the comparison that decides), cannot_decide}."""
+    - Within an alternative, agreeing needs every comparison to agree at the alternative's level
+      (intersection-union, no correction); disagreeing needs one comparison to disagree, a union
+      of m tests, so each is tested at level / m and the alternative's p is m x the smallest.
+    - ``scope`` "every": one alternative at ``alpha``. "some": the best of the k alternatives at
+      alpha / k (Bonferroni), chosen among those that agree, then by the smallest p; the claim
+      disagrees only if every alternative disagrees at ``alpha`` (intersection-union again).
+    - ``choice`` fixes the alternative (an index; at half of training, the one chosen at the
+      end); ``k`` the number of alternatives the choice was made among, where fewer are passed.
+
+    Returns {verdict, p, p_agree, p_disagree, chosen, k, level, comparisons (of the chosen
+    alternative), weakest (the index of the comparison that decides), smallest_p (the smallest p
+    the claim can reach on either side at these n), cannot_decide}."""
     if scope not in ("every", "some"):
         raise ValueError(f"scope must be 'every' or 'some', got {scope!r}")
     if not alternatives or any(not alternative for alternative in alternatives):
@@ -203,40 +216,66 @@ def decide_claim(kind, alternatives, band, *, direction="lower", scope="every", 
     if k < len(alternatives):
         raise ValueError(f"k must be at least the number of alternatives ({len(alternatives)}), got {k}")
     level = alpha / k
-    judged = [[decide(kind, d, band, direction=direction, alpha=level) for d in alternative]
-              for alternative in alternatives]
 
-    def p_agree(comparisons):
+    def judged_at(agree_level, disagree_level):
+        return [[decide(kind, d, band, direction=direction, alpha=agree_level,
+                        alpha_disagree=disagree_level / len(alternative)) for d in alternative]
+                for alternative in alternatives]
+
+    for_agreeing, for_disagreeing = judged_at(level, alpha), judged_at(alpha, alpha)
+
+    def agree_p(comparisons):
         return max(c["p_agree"] for c in comparisons)
 
+    def disagree_p(comparisons):
+        return min(1.0, len(comparisons) * min(c["p_disagree"] for c in comparisons))
+
+    def agrees(comparisons):
+        return all(c["verdict"] == "agrees" for c in comparisons)
+
+    def lowest_effect(comparisons):
+        return min(c["effect"] if c["effect"] is not None else -math.inf for c in comparisons)
+
     chosen = choice if choice is not None else min(
-        range(len(alternatives)), key=lambda i: (p_agree(judged[i]), -min(c["effect"] if c["effect"] is not None else -math.inf
-                                                           for c in judged[i])))
-    comparisons = judged[chosen]
-    agrees = all(c["verdict"] == "agrees" for c in comparisons)
-    # disagreeing is tested at alpha for every alternative (no Bonferroni factor)
-    at_alpha = [[decide(kind, d, band, direction=direction, alpha=alpha) for d in alternative]
-                for alternative in alternatives]
-    disagreeing = [any(c["verdict"] == "disagrees" for c in alternative) for alternative in at_alpha]
-    p_disagree = max(min(c["p_disagree"] for c in alternative) for alternative in at_alpha)
-    p_for_agree = min(1.0, k * p_agree(comparisons))
-    verdict = "agrees" if agrees else "disagrees" if all(disagreeing) else "inconclusive"
-    p = p_for_agree if verdict == "agrees" else p_disagree if verdict == "disagrees" else min(p_for_agree, p_disagree)
-    weakest = max(range(len(comparisons)), key=lambda i: comparisons[i]["p_agree"])
+        range(len(alternatives)),
+        key=lambda i: (not agrees(for_agreeing[i]), agree_p(for_agreeing[i]), -lowest_effect(for_agreeing[i])))
+    comparisons = for_agreeing[chosen]
+    disagreeing = [any(c["verdict"] == "disagrees" for c in alternative) for alternative in for_disagreeing]
+    p_agree = min(1.0, k * agree_p(comparisons))
+    p_disagree = max(disagree_p(alternative) for alternative in for_disagreeing)
+    verdict = "agrees" if agrees(comparisons) else "disagrees" if all(disagreeing) else "inconclusive"
+    p = p_agree if verdict == "agrees" else p_disagree if verdict == "disagrees" else min(p_agree, p_disagree)
+    # the comparison that decides: one that does not agree, else the one nearest to failing
+    weakest = min(range(len(comparisons)), key=lambda i: (comparisons[i]["verdict"] == "agrees",
+                                                          -comparisons[i]["p_agree"],
+                                                          comparisons[i]["effect"] if comparisons[i]["effect"]
+                                                          is not None else -math.inf))
     if verdict == "disagrees":
-        alternative = at_alpha[chosen]
-        weakest = min(range(len(alternative)), key=lambda i: alternative[i]["p_disagree"])
-        comparisons = alternative
-    n = min(c["n"] for c in comparisons)
-    return {"verdict": verdict, "p": p, "p_agree": p_for_agree, "p_disagree": p_disagree, "chosen": chosen,
+        comparisons = for_disagreeing[chosen]
+        weakest = min(range(len(comparisons)), key=lambda i: comparisons[i]["p_disagree"])
+    smallest_agree = k * max(c["smallest_agree"] for c in for_agreeing[chosen])
+    smallest_disagree = max(len(a) * min(c["smallest_disagree"] for c in a) for a in for_disagreeing)
+    return {"verdict": verdict, "p": p, "p_agree": p_agree, "p_disagree": p_disagree, "chosen": chosen,
             "k": k, "level": level, "comparisons": comparisons, "weakest": weakest,
-            "cannot_decide": all(c["cannot_decide"] for c in comparisons) or k * smallest_p(n) > alpha}
+            "smallest_p": min(smallest_agree, smallest_disagree), "smallest_agree": min(1.0, smallest_agree),
+            "smallest_disagree": min(1.0, smallest_disagree),
+            "cannot_decide": smallest_agree > alpha and smallest_disagree > alpha}
 
 
-def family_adjusted(p_values, alpha=ALPHA):
-    """Benjamini-Yekutieli adjusted p-values (any dependence) of the rows that can pass; None for a
-    row left out of the family (its p None, or its smallest attainable p cannot pass: Tarone)."""
+def family_adjusted(p_values, smallest=None, alpha=ALPHA):
+    """Benjamini-Yekutieli adjusted p-values (valid under any dependence) of the tests that can
+    pass, None for the others. ``smallest`` gives each test's smallest attainable p: a test that
+    cannot reach alpha / c(m) (the largest threshold BY gives, c(m) = 1 + 1/2 + ... + 1/m) cannot
+    be rejected, and leaving it out of m is Tarone's refinement; repeated until m settles."""
+    smallest = smallest or [0.0] * len(p_values)
     kept = [i for i, p in enumerate(p_values) if p is not None]
+    while True:
+        m = len(kept)
+        threshold = alpha / sum(1 / j for j in range(1, m + 1)) if m else alpha
+        fewer = [i for i in kept if smallest[i] <= threshold]
+        if len(fewer) == m:
+            break
+        kept = fewer
     adjusted = [None] * len(p_values)
     if kept:
         found = stats.false_discovery_control([p_values[i] for i in kept], method="by")
@@ -258,39 +297,45 @@ def critical_count(n, alpha):
     return int(passing[0]) if len(passing) else n + 1
 
 
-def decided_by_counts(kind, counts, n, alpha):
+def decided_by_counts(kind, counts, n, alpha, alpha_disagree):
     """Whether simulated studies with region ``counts`` (shape (studies, 4)) decide under ``kind``
-    at ``alpha``: agrees or disagrees, from counts alone (values on a threshold have measure 0)."""
+    (agreeing at ``alpha``, disagreeing at ``alpha_disagree``): from counts alone (values on a
+    threshold have measure 0)."""
     below_minus, low, up, beyond = (counts[:, i] for i in range(4))
-    need, need_half = critical_count(n, alpha), critical_count(n, alpha / 2)
+    need, against = critical_count(n, alpha), critical_count(n, alpha_disagree)
     effect_beyond = beyond >= n // 2 + 1     # the median at least the band (conservative for even n)
     if kind == "directional":
-        agree, disagree = (up + beyond >= need) & effect_beyond, below_minus + low + up >= need
+        agree, disagree = (up + beyond >= need) & effect_beyond, below_minus + low + up >= against
     elif kind == "slightly":
-        agree, disagree = up + beyond >= need, below_minus + low >= need
+        agree, disagree = up + beyond >= need, below_minus + low >= against
     elif kind == "comparable":
+        either = critical_count(n, alpha_disagree / 2)
         agree = (low + up + beyond >= need) & (below_minus + low + up >= need)
-        disagree = (beyond >= need_half) | (below_minus >= need_half)
+        disagree = (beyond >= either) | (below_minus >= either)
     else:
-        agree, disagree = below_minus + low + up >= need, (up + beyond >= need) & effect_beyond
+        agree, disagree = below_minus + low + up >= need, (up + beyond >= against) & effect_beyond
     return agree | disagree
 
 
-def seeds_needed(kind, differences, band, *, direction="lower", alpha=ALPHA, choices=1, power=0.8,
-                 most=100, studies=2000, seed=0):
-    """The smallest n (up to ``most``) from which at least ``power`` of simulated studies decide
-    (agree or disagree) under :func:`decide`'s rule at alpha / ``choices``, drawing each study's
-    region probabilities from Dirichlet(1 + observed counts); None if none up to ``most``. A lower
-    bound (see the module text)."""
+PRIOR = 0.5    # Dirichlet pseudo-count of each of the four regions: a prior mass of 2, as Beta(1, 1)'s
+
+
+def seeds_needed(kind, differences, band, *, direction="lower", alpha=ALPHA, choices=1, comparisons=1,
+                 power=0.8, most=100, studies=2000, seed=0):
+    """An estimate by simulation of the seeds a comparison needs: the smallest n (up to ``most``)
+    from which at least ``power`` of simulated studies decide (agree or disagree) under
+    :func:`decide`'s rule, agreeing at alpha / ``choices`` (a choice among settings) and
+    disagreeing at alpha / ``comparisons`` (a union over the comparisons of one setting), with
+    each study's region probabilities drawn from Dirichlet(:data:`PRIOR` + observed counts); None
+    if none up to ``most``. It leaves out the half-of-training check and the family correction."""
     x = in_direction(differences, direction)
     rng = np.random.default_rng(seed)
-    concentration = np.array(regions(x, band), dtype=float) + 1.0
-    level = alpha / choices
+    concentration = np.array(regions(x, band), dtype=float) + PRIOR
     powers = {}
     for n in range(1, most + 1):
         probabilities = rng.dirichlet(concentration, size=studies)
         counts = rng.multinomial(n, probabilities)
-        powers[n] = float(decided_by_counts(kind, counts, n, level).mean())
+        powers[n] = float(decided_by_counts(kind, counts, n, alpha / choices, alpha / comparisons).mean())
     for n in range(1, most + 1):
         if all(powers[m] >= power for m in range(n, most + 1)):
             return n
@@ -313,20 +358,24 @@ def unstable(variant_unstable, normal_unstable, *, alpha=ALPHA, band=0.1):
     verdict = "agrees" if p_agree <= alpha else "disagrees" if upper < band else "inconclusive"
     p_disagree = float(stats.binom.cdf(only_variant, n, band))    # P(that few | share = band)
     p = p_agree if verdict == "agrees" else p_disagree if verdict == "disagrees" else min(p_agree, p_disagree)
+    smallest_disagree = float(stats.binom.cdf(0, n, band))     # no seed unstable with the variant alone
     return {"verdict": verdict, "only_variant": only_variant, "only_normal": only_normal, "n": n,
             "upper": upper, "band": band, "p_agree": p_agree, "p_disagree": p_disagree, "p": p,
-            "cannot_decide": smallest_p(n) > alpha}
+            "smallest_agree": smallest_p(n), "smallest_disagree": smallest_disagree,
+            "smallest_p": min(smallest_p(n), smallest_disagree),
+            "cannot_decide": smallest_p(n) > alpha and smallest_disagree > alpha}
 
 
 def seeds_needed_unstable(variant_unstable, normal_unstable, *, alpha=ALPHA, band=0.1, power=0.8, most=100,
                           studies=2000, seed=0):
     """:func:`seeds_needed` for :func:`unstable`: the shares of seeds where only the variant, only
-    the normal model, or both or neither are unstable drawn from Dirichlet(1 + observed counts)."""
+    the normal model, or both or neither are unstable drawn from Dirichlet(:data:`PRIOR` + observed
+    counts)."""
     only_variant = sum(v and not o for v, o in zip(variant_unstable, normal_unstable))
     only_normal = sum(o and not v for v, o in zip(variant_unstable, normal_unstable))
     rest = len(variant_unstable) - only_variant - only_normal
     rng = np.random.default_rng(seed)
-    concentration = np.array([only_variant, only_normal, rest], dtype=float) + 1.0
+    concentration = np.array([only_variant, only_normal, rest], dtype=float) + PRIOR
     powers = {}
     for n in range(1, most + 1):
         counts = rng.multinomial(n, rng.dirichlet(concentration, size=studies))

@@ -297,3 +297,58 @@ def test_rescaled_against_the_bounds_recomputed():
         assert again["excess_bound"][0][i] == pytest.approx(terms.excess, rel=1e-15)
     with pytest.raises(ValueError, match="^w_scale"):
         bounds.rescaled(result, 0.0, 0.01)
+
+
+def test_population_losses_and_optimum_closed_forms():
+    """L(f) = -<W, M>; with negatives -<W, M - E[W_V x] E[phi]^T>; the optimum on the w-ball is
+    w M / ||M||_F (of the negatives' matrix with negatives)."""
+    M = torch.tensor([[1.0, 2.0], [0.0, -1.0]], dtype=torch.float64)
+    mean_value, mean_feature = torch.tensor([1.0, 0.5], dtype=torch.float64), torch.tensor([2.0, -1.0], dtype=torch.float64)
+    population = bounds.Population(M, mean_value, mean_feature, 10)
+    W = torch.tensor([[0.5, -1.0], [2.0, 1.0]], dtype=torch.float64)
+    assert float(population.loss(W)) == pytest.approx(-(0.5 - 2.0 + 0.0 - 1.0), rel=1e-15)
+    shifted = M - torch.tensor([[2.0, -1.0], [1.0, -0.5]], dtype=torch.float64)
+    assert float(population.loss(W, negatives=True)) == pytest.approx(-float((shifted * W).sum()), rel=1e-15)
+    assert torch.allclose(population.optimal_weight(3.0), 3.0 * M / math.sqrt(6.0), rtol=1e-15, atol=0)
+    assert torch.allclose(population.optimal_weight(3.0, negatives=True),
+                          3.0 * shifted / float(shifted.norm()), rtol=1e-15, atol=0)
+    with pytest.raises(ValueError, match="^w"):
+        population.optimal_weight(0.0)
+
+
+def test_experiment_config_and_hoeffding_arguments_are_checked():
+    for change, message in ((dict(sample_sizes=(4, 0)), "^sample_sizes"), (dict(draws=0), "^draws"),
+                            (dict(num_features=0), "^num_features"), (dict(population_samples=0), "^population_samples"),
+                            (dict(delta=0.0), "^delta must lie in"), (dict(delta=1.0), "^delta must lie in"),
+                            (dict(delta=1.5), "^delta must lie in"), (dict(negatives=(2, 0)), "^negatives")):
+        with pytest.raises(ValueError, match=message):
+            bounds.BoundExperimentConfig(**change)
+    for call, message in ((lambda: bounds.hoeffding_tail(0, 0.1, 1.0), "^N"), (lambda: bounds.hoeffding_tail(2, 0.1, 0.0), "^rho"),
+                          (lambda: bounds.hoeffding_tail(2, float("nan"), 1.0), "^t"),
+                          (lambda: bounds.hoeffding_deviation(0, 0.1, 1.0), "^N"),
+                          (lambda: bounds.hoeffding_deviation(2, 1.5, 1.0), "^delta"),
+                          (lambda: bounds.hoeffding_deviation(2, 0.1, 0.0), "^rho")):
+        with pytest.raises(ValueError, match=message):
+            call()
+    # float64 comparisons: 1e-12 above a bound of 0.1 is a violation (float32 would round it away)
+    assert bounds.violations([0.1 + 1e-12], [0.1]) == [0]
+
+
+def test_experiment_terms_recompute_from_its_record():
+    """Per draw: the gap is true minus empirical loss; the bounds are bound_from_trace's terms of the
+    stored trace (with the negatives' constants for C.2); the excess risk is >= 0, f* being the
+    population optimum on the ball; a seeded experiment repeats."""
+    config = bounds.BoundExperimentConfig(sample_sizes=(8,), draws=4, num_features=32, population_samples=5000,
+                                          negatives=(2,))
+    for negatives in (None, 2):
+        result = bounds.bound_experiment(config, negatives=negatives)
+        again = bounds.bound_experiment(config, negatives=negatives)
+        assert result["gap"] == again["gap"] and result["output_dim"] == 12
+        for j, trace in enumerate(result["trace"][0]):
+            terms = bounds.bound_from_trace(trace, result["rho"], result["w"], config.delta, 8, output_dim=12,
+                                            negatives=negatives)
+            assert result["rademacher"][0][j] == terms.rademacher
+            assert result["confidence"][0][j] == terms.confidence_uniform
+            assert result["gap_bound"][0][j] == terms.rademacher + terms.confidence_uniform
+            assert result["excess_bound"][0][j] == terms.excess
+            assert result["excess"][0][j] >= -1e-12

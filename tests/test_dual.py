@@ -142,3 +142,58 @@ def test_token_spread_leaves_the_query_out():
     assert dual.token_spread(collapsed) == 0.0
     spread = dual.token_spread(torch.tensor([[0.0], [2.0], [100.0]], dtype=torch.float64))
     assert abs(spread - 1.0) < 1e-15
+
+
+def test_a_temperature_and_learning_rate_reach_every_dual_form():
+    """scale = 2 (not the default 1/sqrt(d_o)) and lr = 0.3 passed through dual_model, Theorem B.1's
+    and Theorem B.2's constructions, against kernel attention computed directly with that scale."""
+    demos, queries, W_Q, W_K, W_V, phi = setup(6, 3, 4, 4, 80, seed=11)
+    context = torch.cat([demos, queries])
+    model = dual.dual_model(demos, queries, W_Q, W_K, W_V, phi, query_index=1, lr=0.3, scale=2.0)
+    layer = attention.kernel_attention(queries[1:2], context, W_Q, W_K, W_V, feature_map=phi, scale=2.0)[0]
+    assert model.lr == 0.3 and relative_error(model.test_prediction(), layer) < 1e-10
+    # an FFN after the layer: W_2 relu(W_1 h + b_1) + b_2 of that same output
+    g = generator(12)
+    W_1, W_2 = torch.randn(6, 4, generator=g, dtype=torch.float64), torch.randn(4, 6, generator=g, dtype=torch.float64)
+    b_1, b_2 = torch.randn(6, generator=g, dtype=torch.float64), torch.randn(4, generator=g, dtype=torch.float64)
+    full = dual.transformer_layer_dual(demos, queries, W_Q, W_K, W_V, W_1, b_1, W_2, b_2, phi, query_index=1,
+                                       lr=0.3, scale=2.0)
+    assert full.lr == 0.3
+    expected = torch.relu(layer @ W_1.T + b_1) @ W_2.T + b_2
+    assert relative_error(full.test_prediction(), expected) < 1e-10
+    # Eq. (21): -1/(lr D) sum_i (W_F W_V x_i) . (W phi(z_i) + b)
+    loss = -sum(float(full.train_labels[i] @ (full.W0 @ full.train_features[i] + full.bias)) for i in range(6))
+    assert float(full.loss(full.W0)) == pytest.approx(loss / (0.3 * float(full.D)), rel=1e-12)
+    # Theorem B.2 with the same scale: every layer's hidden states are the direct forward pass's
+    tokens = torch.cat([demos, queries[:1]])
+    direct = dual.prefix_lm_forward(tokens, [(W_Q, W_K, W_V)] * 2, [phi, phi], scale=2.0)
+    by_hand = attention.kernel_attention(tokens[:-1], tokens[:-1], W_Q, W_K, W_V, feature_map=phi, scale=2.0)
+    assert relative_error(direct[1][:-1], by_hand) < 1e-12
+    stack = dual.stacked_duals(tokens, [(W_Q, W_K, W_V)] * 2, [phi, phi], lr=0.3, scale=2.0)
+    for l, layer_l in enumerate(stack):
+        assert layer_l.dual.lr == 0.3 and relative_error(layer_l.hidden, direct[l + 1]) < 1e-10
+        assert layer_l.demo_normalisers.shape == (6,)
+
+
+def test_step_and_prediction_from_a_given_weight_and_the_loss_against_a_loop():
+    demos, queries, W_Q, W_K, W_V, phi = setup(5, 1, 3, 3, 20, seed=13, batch=(2,))
+    model = dual.dual_model(demos, queries, W_Q, W_K, W_V, phi, lr=0.5)
+    W = torch.randn(model.W0.shape, generator=generator(14), dtype=torch.float64)
+    # L is linear with gradient -1/(lr D) sum_i y_i phi_i^T: one step from W adds 1/D sum_i y_i phi_i^T
+    update = torch.stack([sum(torch.outer(model.train_labels[b, i], model.train_features[b, i]) for i in range(5)) / model.D[b]
+                          for b in range(2)])
+    assert torch.allclose(model.step(W), W + update, rtol=1e-12, atol=1e-14)
+    prediction = torch.stack([W[b] @ phi(model.test_input[b]) for b in range(2)])
+    assert torch.allclose(model.test_prediction(W), prediction, rtol=1e-12, atol=1e-14)
+    loss = [-sum(float(model.train_labels[b, i] @ (W[b] @ model.train_features[b, i])) for i in range(5))
+            / (0.5 * float(model.D[b])) for b in range(2)]
+    assert torch.allclose(model.loss(W), torch.tensor(loss, dtype=torch.float64), rtol=1e-12, atol=0)
+
+
+def test_token_spread_batched_closed_form():
+    """Two prompts of demonstrations [0, 0], [2, 0] (spread (1 + 1) / 2 over (0 + 2) / 2 = 1) and
+    [0, 0], [0, 6]: the same spread for each, so the mean over both is 1 too."""
+    H = torch.tensor([[[0.0, 0.0], [2.0, 0.0], [9.0, 9.0]], [[0.0, 0.0], [0.0, 6.0], [9.0, 9.0]]], dtype=torch.float64)
+    assert dual.token_spread(H) == pytest.approx(1.0, rel=1e-15)
+    assert dual.token_spread(torch.tensor([[1.0, 1.0], [3.0, 1.0], [0.0, 0.0]], dtype=torch.float64)) == \
+        pytest.approx(1.0 / ((2**0.5 + 10**0.5) / 2), rel=1e-15)

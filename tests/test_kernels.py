@@ -218,6 +218,6 @@ def test_batched_omega_float32_draws_and_the_overflow_message():
     mean, _, _ = kernels.monte_carlo_kernel(torch.tensor([0.1, 0.2]), torch.tensor([0.3, -0.1]), 1000, generator=g)
     assert abs(mean - math.exp(0.03 - 0.02)) < 0.05
     with pytest.raises(ValueError, match="^omega has rows so long that exp"):
-        kernels.positive_random_features(torch.zeros(1, 2), torch.tensor([[20.0, 0.0]]))
-    with pytest.raises(ValueError, match="^dtype"):
+        kernels.positive_random_features(torch.tensor([[20.0, 0.0]]), torch.tensor([[20.0, 0.0]]))
+    with pytest.raises(TypeError, match="^dtype"):
         kernels.draw_omega(3, 5, dtype=torch.int64)

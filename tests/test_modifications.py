@@ -170,3 +170,33 @@ def test_bad_alphas_and_safe_radius_closed_forms():
             m.bad_alphas(torch.ones(shape, dtype=torch.float64))
     with pytest.raises(TypeError, match="^A must"):
         m.bad_alphas([[1.0]])
+
+
+def test_kernel_prompt_checks_every_argument():
+    g = generator(10)
+    X = torch.randn(4, 5, generator=g, dtype=torch.float64)
+    W_Q, W_K = (torch.randn(3, 5, generator=g, dtype=torch.float64) for _ in range(2))
+    W_V = torch.randn(5, 5, generator=g, dtype=torch.float64)
+    phi = kernels.PositiveRandomFeatures(kernels.draw_omega(3, 10, generator=g))
+    one = m.kernel_prompt(X[:1], X[1:], W_Q, W_K, W_V, phi, query_index=-3)     # one demonstration, first query
+    assert one.demo_keys.shape == (1, 3) and torch.allclose(one.query, 3**-0.25 * X[1] @ W_Q.T, rtol=1e-14, atol=0)
+    bad = [
+        (dict(demos=X[:0]), r"^demos must hold at least one demonstration"),
+        (dict(queries=X[3:, :4]), r"^queries has last dimension 4, but it must match the token dimension of demos \(5\)"),
+        (dict(W_K=W_K[:, :4]), r"^W_K has shape \(3, 4\), but dimension 1 must be 5"),
+        (dict(W_Q=W_Q[:2]), r"^W_Q has shape \(2, 5\), but dimension 0 must be 3"),
+        (dict(W_V=W_V[:, :4]), r"^W_V has shape \(5, 4\), but dimension 1 must be 5"),
+        (dict(query_index=1), r"^query_index=1 is out of range for 1 query tokens"),
+        (dict(query_index=-2), r"^query_index=-2 is out of range for 1 query tokens"),
+        (dict(query_index=True), r"^query_index=True is out of range"),
+        (dict(query_index=0.0), r"^query_index=0.0 is out of range"),
+    ]
+    for change, message in bad:
+        arguments = {**dict(demos=X[:3], queries=X[3:], W_Q=W_Q, W_K=W_K, W_V=W_V, feature_map=phi), **change}
+        with pytest.raises(ValueError, match=message):
+            m.kernel_prompt(**arguments)
+    prompt = m.kernel_prompt(X[:3], X[3:], W_Q, W_K, W_V, phi)
+    with pytest.raises(ValueError, match=r"^W has shape \(5, 9\), but dimension 1 must be 10"):
+        m.regularized_loss(prompt, torch.zeros(5, 9, dtype=torch.float64), 0.1, 1.0)
+    with pytest.raises(ValueError, match=r"^W has shape \(4, 10\), but dimension 0 must be 5"):
+        m.ridge_loss(prompt, torch.zeros(4, 10, dtype=torch.float64), 0.1)

@@ -125,13 +125,32 @@ def test_bad_inputs_name_the_argument():
         statistics.decide_claim("directional", [[[1.0]], [[1.0]]], BAND, scope="every")
 
 
-def test_every_setting_must_agree_and_one_disagreement_decides():
-    good = [0.3, 0.2, 0.4, 0.5, 0.25]
-    none = [0.01, -0.02, 0.03, 0.0, 0.02]
+def test_every_setting_must_agree_and_one_disagreement_decides_at_alpha_over_m():
+    good = [0.3, 0.2, 0.4, 0.5, 0.25, 0.3]
+    none = [0.01, -0.02, 0.03, 0.0, 0.02, 0.01]
     both = statistics.decide_claim("directional", [[good, good]], BAND, direction="higher")
-    assert both["verdict"] == "agrees" and both["p"] == pytest.approx(1 / 32)
+    assert both["verdict"] == "agrees" and both["p"] == pytest.approx(1 / 64)
+    # one of two comparisons disagreeing is a union of two tests: each at 0.025, p = 2 x 2^-6
     one = statistics.decide_claim("directional", [[good, none]], BAND, direction="higher")
-    assert one["verdict"] == "disagrees" and one["weakest"] == 1
+    assert one["verdict"] == "disagrees" and one["weakest"] == 1 and one["p"] == pytest.approx(2 / 64)
+    five = statistics.decide_claim("directional", [[good[:5], none[:5]]], BAND, direction="higher")
+    assert five["verdict"] == "inconclusive"      # 2 x 2^-5 > 0.05
+    # the comparison shown is the one that fails, not the first
+    small = [0.05, 0.06, 0.07, 0.05, 0.06, 0.3]   # every seed on the paper's side, the median within the band
+    shown = statistics.decide_claim("directional", [[good, small]], BAND, direction="higher")
+    assert shown["verdict"] == "inconclusive" and shown["weakest"] == 1
+
+
+def test_tarone_leaves_out_tests_that_cannot_pass_the_family():
+    """With m tests BY's largest threshold is 0.05 / (1 + 1/2 + ... + 1/m): at 40 tests 0.0117, so
+    tests whose smallest p is 2^-5 = 0.031 (five seeds) can never pass and leave the family."""
+    p = [0.03125] * 40 + [0.001, 0.004]
+    smallest = [0.03125] * 40 + [0.0001, 0.0001]
+    found = statistics.family_adjusted(p, smallest)
+    assert found[:40] == [None] * 40
+    assert found[40:] == pytest.approx(by_by_hand([0.001, 0.004]))
+    # without the smallest p's, all 42 stay in and the two small ones are adjusted over 42
+    assert statistics.family_adjusted(p)[40] == pytest.approx(by_by_hand(p)[40])
 
 
 def test_some_setting_pays_for_the_choice():
@@ -145,7 +164,9 @@ def test_some_setting_pays_for_the_choice():
     assert three["verdict"] == "agrees" and three["level"] == pytest.approx(0.05 / 3)
     five = statistics.decide_claim("directional", [[none6[:5]], [good6[:5]]], BAND, direction="higher",
                                    scope="some")
-    assert five["verdict"] == "inconclusive" and five["cannot_decide"]
+    # five seeds cannot show agreement with a choice of two (2 x 2^-5); disagreeing stays possible
+    assert five["verdict"] == "inconclusive" and five["smallest_agree"] == pytest.approx(2 / 32)
+    assert five["smallest_disagree"] == pytest.approx(1 / 32) and not five["cannot_decide"]
     # disagrees only if every alternative does
     assert statistics.decide_claim("directional", [[none6], [good6]], BAND, direction="lower",
                                    scope="some")["verdict"] == "disagrees"

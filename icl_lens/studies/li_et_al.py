@@ -321,7 +321,8 @@ VERSION = "Li et al., NeurIPS 2024 version (experiments; the arXiv v1 text has n
 
 def decided(decision, values):
     """What a claim keeps of a decision, with the per-seed values it read."""
-    return {**{key: decision[key] for key in ("verdict", "effect", "lower", "upper", "coverage", "n", "p",
+    return {**{key: decision[key] for key in ("verdict", "effect", "lower", "upper", "coverage", "n", "p", "p_agree",
+                                              "p_disagree", "smallest_agree", "smallest_disagree",
                                               "cannot_decide")}, "values": list(values)}
 
 
