@@ -93,9 +93,12 @@ def output_folder(parser, out, default_chapter):
 def main(argv=None):
     try:
         return run_command(argv)
-    except KeyboardInterrupt:   # one line, not a traceback: every file is written whole or not at all
-        print("python -m icl_lens: interrupted; the files written before are complete, the one being written "
-              "was left as it was", file=sys.stderr)
+    except KeyboardInterrupt as stop:   # one line, not a traceback: every file is written whole or not at all
+        saved = getattr(stop, "saved", None)
+        told = ("" if saved is None else f" saved whole before it: {', '.join(saved)};" if saved
+                else " nothing had been saved yet;")
+        print(f"python -m icl_lens: interrupted;{told} the file being written (if any) was left as it was",
+              file=sys.stderr)
         raise SystemExit(130) from None
 
 

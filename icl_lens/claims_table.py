@@ -361,15 +361,35 @@ def family(rows, alpha=statistics.ALPHA):
     return rows
 
 
+def check_saved(saved, recomputed, path, command):
+    """Every saved verdict must be what its record gives now: a claim whose saved entry differs from
+    the one recomputed from the record is an error naming the file, the claim and the command that
+    rewrites it (the table never prints a verdict its record does not support)."""
+    fresh = {claim["id"]: claim for claim in json.loads(json.dumps(recomputed))}
+    for claim in saved:
+        again = fresh.get(claim["id"])
+        if again is not None and (again["verdict"] != claim["verdict"] or again.get("decision") != claim.get("decision")
+                                  or again.get("measured") != claim.get("measured")):
+            raise ValueError(f"{path}: claim {claim['id']} says {claim['verdict']!r} but its record gives "
+                             f"{again['verdict']!r}; rewrite it with {command}")
+
+
 def every_claim(data=None):
-    """Every row, from the saved records under ``data`` (default ``book/data``)."""
+    """Every row, from the saved records under ``data`` (default ``book/data``), each study's saved
+    verdicts first checked against its record (:func:`check_saved`)."""
     data = Path(data) if data is not None else repository_root() / "book" / "data"
     experiments = data / "experiments"
     records = {kind: load_result(experiments, f"task_{kind}") for kind in section5.EXPERIMENTS}
     temperature = load_result(experiments, "temperature") if (experiments / "temperature.json").exists() \
         else None
-    rows = section5_rows(load_result(experiments, "claims"), records,
-                         load_result(experiments, "context_use"), temperature)
+    saved5 = load_result(experiments, "claims")
+    check_saved(saved5["claims"], section5_claims.evaluate(records), experiments / "claims.json",
+                f"python -m icl_lens reproduce claims --reuse --out {experiments}")
+    for folder, name, module in ((data / "table1", "table1", table1), (data / "closeness", "closeness", li_et_al)):
+        check_saved(load_result(folder, f"{name}_claims")["claims"], module.claims(load_result(folder, name)),
+                    folder / f"{name}_claims.json", f"python -m icl_lens claims --data {data} --rerun "
+                    f"{'table1' if name == 'table1' else 'softmax-regression'}")
+    rows = section5_rows(saved5, records, load_result(experiments, "context_use"), temperature)
     for key, reason in section5_claims.NOT_RUN.items():
         claim = next(c for c in section5_claims.CLAIMS if c.id == key)
         rows.append(not_run_row(key, claim.where, claim.sentence, reason, "experiments"))

@@ -467,12 +467,33 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
         workers = 2 if (not quick and device.type == "cpu") else 1
     run = Run(out, quick=quick, device=device, seeds=seeds, compile=compile, reuse=reuse, workers=workers, log=log,
               grow=grow)
-    if everything:
-        run.tasks()   # the three tasks in one pool, before the first output asks for one of them
-    for name in names:
-        write, _ = OUTPUTS_TABLE[name]
-        run.written[name] = write(run)
+    try:
+        if everything:
+            run.tasks()   # the three tasks in one pool, before the first output asks for one of them
+        for name in names:
+            write, _ = OUTPUTS_TABLE[name]
+            run.written[name] = write(run)
+    except KeyboardInterrupt:
+        raise Interrupted(saved_paths(run.written)) from None
     return run.written
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`reproduce`, carrying the files written whole before it (``saved``)."""
+
+    def __init__(self, saved):
+        super().__init__(f"{len(saved)} files saved before the interrupt")
+        self.saved = saved
+
+
+def saved_paths(written):
+    """The file paths of ``Run.written`` ({output: {"json": path, "png": path}}), in order."""
+    found = []
+    for paths in written.values():
+        for path in (paths.values() if isinstance(paths, dict) else [paths]):
+            if isinstance(path, (str, Path)) and str(path) not in found:
+                found.append(str(path))
+    return found
 
 
 def saved_or_quick(out, *, quick):

@@ -198,3 +198,27 @@ def test_shapes_that_do_not_fit_are_named(batch, tokens, dim, wrong):
                             (attention.kernel_attention, {"feature_map": kernels.elu_feature_map})):
         with pytest.raises(ValueError, match=named):
             function(queries_in, context, W_Q, W_K, W_V, **extra)
+
+
+# the studies' configs, checked at construction (before any training starts)
+STUDY_CONFIGS = [
+    ("section5", {"lr_normal": -0.1}, "lr_normal"), ("section5", {"lr_other": float("nan")}, "lr_other"),
+    ("section5", {"seeds": (0, 0)}, "seeds"), ("section5", {"kernel": "foo"}, "kernel"),
+    ("section5", {"epochs": 0}, "epochs"), ("section5", {"tokens_per_epoch": 2.5}, "tokens_per_epoch"),
+    ("across_tasks", {"steps": 0}, "steps"), ("across_tasks", {"seeds": ()}, "seeds"),
+    ("across_tasks", {"schedule": "cosine"}, "schedule"), ("across_tasks", {"demo_counts": (0,)}, "demo_counts"),
+    ("across_tasks", {"batch": -1}, "batch"), ("li_et_al", {"lr": 0.0}, "lr"), ("li_et_al", {"d": -1}, "d"),
+    ("li_et_al", {"seeds": (1, 1)}, "seeds"), ("li_et_al", {"dims": ()}, "dims"),
+    ("table1", {"lr": -1}, "lr"), ("table1", {"seeds": ()}, "seeds"), ("table1", {"train_size": 0}, "train_size"),
+    ("table1", {"task": "mnli"}, "task"),
+]
+
+
+@pytest.mark.parametrize("study, options, argument", STUDY_CONFIGS)
+def test_study_configs_refuse_bad_values_naming_the_field(study, options, argument):
+    from icl_lens.studies import across_tasks, li_et_al, section5, table1
+    config = {"section5": section5.ExperimentConfig, "across_tasks": across_tasks.StudyConfig,
+              "li_et_al": li_et_al.StudyConfig, "table1": table1.StudyConfig}[study]
+    with pytest.raises(ValueError, match=argument):
+        config(**options)
+    config()       # the defaults pass

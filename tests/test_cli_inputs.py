@@ -5,6 +5,8 @@ naming the file and the command that makes it. Driven in-process through ``main(
 training entry point replaced by one that fails the test, so a value accepted by mistake cannot
 start a run."""
 
+import shutil
+
 import pytest
 
 from icl_lens import __main__ as cli
@@ -218,3 +220,18 @@ def test_an_environment_folder_that_cannot_be_written_is_named(no_work, monkeypa
         else:
             reproduce_module.quick_reproduction(["fig3"], no_work / "out")
     assert not (no_work / "out").exists()
+
+
+def test_ctrl_c_names_what_was_saved(monkeypatch, capsys, tmp_path):
+    """Ctrl-C after one output was written: the one line names the files written whole before it."""
+    saved = shutil.copytree(SAVED, tmp_path / "saved", ignore=shutil.ignore_patterns("*.png"))
+
+    def fig3_then_stop(run):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(reproduce_module.OUTPUTS_TABLE, "fig10", (fig3_then_stop, True))
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["reproduce", "fig3", "fig10", "--reuse", "--out", str(saved)])
+    assert stopped.value.code == 130
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "interrupted" in line and str(saved / "fig3.json") in line and str(saved / "fig3.png") in line

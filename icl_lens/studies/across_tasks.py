@@ -30,7 +30,7 @@ from icl_lens.training.loop import run_jobs
 from icl_lens.training.prompt_layer import (ATTENTIONS, PromptLayerConfig, converged, predict, prompt_tokens,
                                             test_and_tuning_prompts, train_layer)
 from icl_lens.training.prompt_layer import summary as prompt_layer_summary
-from icl_lens.validation import check_positive_int
+from icl_lens.validation import check_positive_int, check_seeds
 
 @dataclass(frozen=True)
 class PromptDistribution:
@@ -173,6 +173,15 @@ class StudyConfig:
     demo_counts: tuple = (1, 2, 4, 6, 8, 10, 11, 12, 15, 20, 25, 30)
     paper_steps: int = 40960   # the paper's linear task: 40 epochs of 1024 one-prompt steps
     test_prompts: int = 4096
+
+    def __post_init__(self):
+        check_seeds(self.seeds)
+        for name in ("steps", "batch", "paper_steps", "test_prompts"):
+            check_positive_int(getattr(self, name), name)
+        if self.schedule not in ("decay", "constant"):
+            raise ValueError(f"schedule must be 'decay' or 'constant', got {self.schedule!r}")
+        if not self.demo_counts or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.demo_counts):
+            raise ValueError(f"demo_counts must be a non-empty tuple of positive integers, got {self.demo_counts!r}")
 
     def quick(self):
         return replace(self, seeds=(0, 1), steps=60, batch=64, demo_counts=(2, 15, 30), paper_steps=60,

@@ -36,7 +36,7 @@ from icl_lens.training.loop import run_jobs
 from icl_lens.training.prompt_layer import (PromptLayerConfig, converged, prompt_tokens, test_and_tuning_prompts,
                                             reported_value, train_layer)
 from icl_lens.training.prompt_layer import summary as prompt_layer_summary
-from icl_lens.validation import check_positive_float, check_positive_int
+from icl_lens.validation import check_positive_float, check_positive_int, check_seeds
 
 MATCH = 0.05          # |trained / GD* - 1| within this: the layer matches one GD step at lr*
 ALIGNED = 0.95        # Model Cos at least this: the layer's sensitivities point where GD*'s do
@@ -195,6 +195,14 @@ class StudyConfig:
     test_prompts: int = 1024
 
     def __post_init__(self):
+        check_seeds(self.seeds)
+        for name in ("d", "batch", "test_prompts"):
+            check_positive_int(getattr(self, name), name)
+        check_positive_float(self.lr, "lr")
+        for name in ("lengths", "steps", "reference_steps", "dims"):
+            values = getattr(self, name)
+            if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+                raise ValueError(f"{name} must be a non-empty tuple of positive integers, got {values!r}")
         for name in ("steps", "reference_steps"):
             if len(getattr(self, name)) != len(self.lengths):
                 raise ValueError(f"{name} must give one number per length {self.lengths}, got {getattr(self, name)}")

@@ -39,7 +39,7 @@ from icl_lens.training.data import task_data, test_sets
 from icl_lens.training.ensemble import (AttentionEnsemble, LayerConfig, Modification, equivalence_curve,
                                        squared_errors, test_loss, used_switches)
 from icl_lens.training.loop import decay_schedule, fork, fork_point, run_jobs, train
-from icl_lens.validation import check_positive_int
+from icl_lens.validation import check_positive_float, check_positive_int, check_seeds
 
 ALPHAS = (-0.5, -0.1, 0.1, 0.5)   # the paper's BERT grid
 LINEAR_COMBINATIONS = (
@@ -160,6 +160,13 @@ class ExperimentConfig:
 
     def __post_init__(self):
         check_positive_int(self.epochs, "epochs")
+        check_positive_int(self.tokens_per_epoch, "tokens_per_epoch")
+        check_positive_int(self.quick_tokens_per_epoch, "quick_tokens_per_epoch")
+        check_seeds(self.seeds)
+        check_positive_float(self.lr_normal, "lr_normal")
+        check_positive_float(self.lr_other, "lr_other")
+        if self.kernel not in ("performer", "softmax"):      # LayerConfig's kernels, checked before any work
+            raise ValueError(f"kernel must be 'performer' or 'softmax', got {self.kernel!r}")
         check_positive_int(self.test_sequences, "test_sequences")
         check_positive_int(self.checkpoints, "checkpoints")
         if self.tokens_per_epoch < self.task.num_tokens:

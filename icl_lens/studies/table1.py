@@ -25,6 +25,7 @@ from icl_lens import statistics, verdicts
 from icl_lens.bert.glue import TASKS, GlueConfig, fine_tune, load_classifier, load_data, metrics, table_settings
 from icl_lens.bert.modify import PACKAGED_MINILM, modify_bert
 from icl_lens.device import pick
+from icl_lens.validation import check_positive_float, check_positive_int, check_seeds
 from icl_lens.training.loop import run_jobs
 
 # the settings the offline run fine-tunes (names of table_settings): the regularized grid, each
@@ -59,6 +60,12 @@ class StudyConfig:
     lr: float = 2e-5
 
     def __post_init__(self):
+        check_seeds(self.seeds)
+        for name in ("train_size", "validation_size", "epochs", "longer_epochs", "check_epochs", "batch"):
+            check_positive_int(getattr(self, name), name)
+        check_positive_float(self.lr, "lr")
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {sorted(TASKS)}, got {self.task!r}")
         unknown = set(self.settings) - set(table_settings())
         if unknown or "normal" not in self.settings:
             raise ValueError(f"settings must name 'normal' and rows of table_settings(), got {sorted(unknown)}")
