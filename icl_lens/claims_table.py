@@ -292,8 +292,10 @@ def li_rows(saved, record):
             row.update(kind="within", effect=worst, band=li_et_al.MATCH, unit="trained / GD* loss, the d farthest "
                        "from 1", n=len(record["study"]["seeds"]))
         else:
-            row.update(kind="share", band=0.5, unit="share of prompts inside the condition",
-                       n=len(record["study"]["seeds"]))
+            share = max(r["theorem"][side]["small"] for layers in record["lengths"].values()
+                        for r in layers["softmax"] for side in ("x", "A"))
+            row.update(kind="share", band=0.5, effect=share, unit="largest share of test prompts inside the "
+                       "condition", n=len(record["study"]["seeds"]))
         rows.append(row)
     return rows
 
@@ -506,16 +508,20 @@ def markdown(rows, *, links=True):
 
 
 def save(rows, path=None):
-    """Write ``book/data/claims.json`` (or ``path``): {"vocabulary": ..., "claims": rows}."""
+    """Write ``book/data/claims.json`` (or ``path``): {"vocabulary": ..., "claims": the judged rows,
+    "not_run": the claims listed apart}."""
     path = Path(path) if path is not None else repository_root() / "book" / "data" / "claims.json"
-    return save_result(path.parent, path.stem, {"vocabulary": list(VOCABULARY), "claims": rows})["json"]
+    table = {"vocabulary": list(VOCABULARY), "claims": [row for row in rows if row["verdict"] != "not run"],
+             "not_run": [row for row in rows if row["verdict"] == "not run"]}
+    return save_result(path.parent, path.stem, table)["json"]
 
 
 def saved(path=None):
-    """The saved table, checked against the table read again from the records: a page that shows
-    it fails if the saved verdicts no longer follow from them."""
+    """The saved table (judged rows, then the rows not run), checked against the table read again
+    from the records: a page that shows it fails if the saved verdicts no longer follow from them."""
     path = Path(path) if path is not None else repository_root() / "book" / "data" / "claims.json"
-    stored = json.loads(path.read_text())["claims"]
+    table = json.loads(path.read_text())
+    stored = table["claims"] + table.get("not_run", [])
     fresh = json.loads(json.dumps(every_claim(path.parent)))
     if stored != fresh:
         changed = [a["id"] for a, b in zip(stored, fresh) if a != b] or ["the number of rows"]

@@ -14,7 +14,9 @@ from icl_lens.training.data import task_data
 from icl_lens import modifications as m
 from icl_lens.attention import kernel_attention, kernel_attention_weights, softmax_attention
 from icl_lens.device import generator
-from icl_lens.training.ensemble import AttentionEnsemble, LayerConfig, Modification, squared_errors
+from icl_lens.training.ensemble import (AttentionEnsemble, LayerConfig, Modification, initial_parameters,
+                                       squared_errors)
+from icl_lens.training.ensemble import test_loss as ensemble_test_loss   # not collected as a test
 
 from conftest import DEVICES
 
@@ -283,8 +285,6 @@ def test_test_loss_is_the_mean_squared_error_of_the_query_predictions():
     """test_loss against the squared error of each sequence's query written out with kernel_attention,
     with 7 sequences in chunks of 3 (the chunk size 2^22 // (models x tokens x features) = 3 here),
     so that the last chunk of 1 must be weighted by its size."""
-    from icl_lens.training.ensemble import test_loss
-
     tokens_per_sequence, features = 64, 20_000
     assert 2**22 // (1 * tokens_per_sequence * features) == 3
     ensemble = ensemble_of([Modification()], seed=2, token_dim=3, num_features=features)
@@ -297,6 +297,49 @@ def test_test_loss_is_the_mean_squared_error_of_the_query_predictions():
     for X, target in zip(tokens[0], targets[0]):
         prediction = kernel_attention(X[-1:], X, W_Q, W_K, W_V, feature_map=phi)[0, -1]
         errors.append(float((prediction - target[0]) ** 2))
-    got = test_loss(ensemble, tokens, targets)
+    got = ensemble_test_loss(ensemble, tokens, targets)
     assert got.shape == (1,)
     assert abs(float(got[0]) - sum(errors) / 7) < 1e-12 * sum(errors) / 7
+
+
+def test_equivalence_curve_reaches_round_off_at_step_n():
+    """Fig. 3 (left) for model 1 of an ensemble (seed 1 on the linear task): N + 1 squared errors
+    between the dual prediction after t steps and the layer's output, written out here with
+    kernel_attention and the dual model of that model's weights; the last is round-off, the first
+    not. With an FFN the same against the Transformer layer (Fig. 14, left)."""
+    from icl_lens.dual import dual_model
+    from icl_lens.tasks import sample_sequences
+    from icl_lens.training.ensemble import EQUIVALENCE_SET, equivalence_curve
+
+    config = section5.ExperimentConfig(epochs=1, tokens_per_epoch=16, dtype="float64")
+    ensemble = AttentionEnsemble(config.layer, [Modification(), Modification()], [0, 1], dtype=torch.float64)
+    data = task_data(config.task, [0, 1])
+    curve = equivalence_curve(ensemble, 1, data, 1)
+    tokens, _ = sample_sequences(data.task, 1, data.weights[1], generator=generator(EQUIVALENCE_SET + 1))
+    X = tokens[0]
+    W_Q, W_K, W_V = weights_of(ensemble, 1)
+    phi = kernels.PositiveRandomFeatures(ensemble.omega[1])
+    layer = kernel_attention(X[-1:], X, W_Q, W_K, W_V, feature_map=phi)[0]
+    model = dual_model(X[:-1], X[-1:], W_Q, W_K, W_V, phi)
+    first = float(((model.predict(model.W0, model.test_input) - layer) ** 2).sum())
+    assert curve["steps"] == list(range(len(X)))
+    assert curve["squared_error"][0] == pytest.approx(first, rel=1e-10) and first > 1e-6
+    assert curve["squared_error"][-1] < 1e-24
+    g = generator(3)
+    W_1, W_2 = (torch.randn(12, 12, generator=g, dtype=torch.float64) / 4 for _ in range(2))
+    b_1, b_2 = (torch.randn(12, generator=g, dtype=torch.float64) for _ in range(2))
+    with_ffn = equivalence_curve(ensemble, 1, data, 1, feed_forward=(W_1, b_1, W_2, b_2))
+    assert with_ffn["squared_error"][-1] < 1e-20 < with_ffn["squared_error"][0]
+
+
+def test_initial_draws_are_linear_layer_uniforms_and_the_test_loss_is_float64():
+    d = 12
+    drawn = initial_parameters(3, LayerConfig(token_dim=d))
+    assert drawn["omega"].shape == (1200, d) and abs(float(drawn["omega"].std()) - 1) < 0.02
+    # every weight and bias together fill U(-1/sqrt(d), 1/sqrt(d)) (torch.nn.Linear's default)
+    uniforms = torch.cat([value.flatten() for name, value in drawn.items() if name != "omega"])
+    assert uniforms.abs().max() <= d**-0.5 and uniforms.min() < -0.95 * d**-0.5 and uniforms.max() > 0.95 * d**-0.5
+    assert abs(float(uniforms.mean())) < 0.01
+    ensemble = AttentionEnsemble(LayerConfig(token_dim=3, num_features=8), [Modification()], [0], dtype=torch.float32)
+    tokens = torch.rand(1, 5, 4, 3)
+    assert ensemble_test_loss(ensemble, tokens, torch.rand(1, 5, 1)).dtype == torch.float64
