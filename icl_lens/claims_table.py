@@ -111,9 +111,7 @@ def section5_rows(saved, records, context, temperature=None):
     unscaled = {c["id"]: c["without"]["verdict"] for c in (temperature or {}).get("claims", [])}
     rows = []
     for claim in saved["claims"]:
-        m = claim["measurement"]
-        named = claim["claim"] if claim["task"] == "all" else claim["claim"]
-        row = blank(id=claim["id"], paper="R&L", where=claim["where"], claim=named,
+        row = blank(id=claim["id"], paper="R&L", where=claim["where"], claim=claim["claim"],
                     sentence=claim.get("sentence", ""), task=claim["task"], quantity=claim.get("quantity", "final"),
                     kind=claim["rule"], verdict=claim["verdict"], section="experiments",
                     without_temperature=unscaled.get(claim["id"]))

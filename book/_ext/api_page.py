@@ -32,7 +32,7 @@ SECTIONS = (
     ("Training machinery", ("training", "training.ensemble", "training.prompt_layer", "training.data",
                             "training.loop")),
     ("Verdicts", ("statistics", "verdicts", "claims_table")),
-    ("Studies", ("studies", "studies.section5", "studies.section5_claims", "studies.ffn_rank",
+    ("Studies", ("studies", "studies.section5", "studies.section5_readings", "studies.section5_measures", "studies.section5_claims", "studies.trained_layer_claims", "studies.ffn_rank",
                  "studies.across_tasks", "studies.li_et_al", "studies.table1")),
     ("BERT (R&L Table 1)", ("bert", "bert.modify", "bert.glue", "bert.wordnet")),
     ("Figures", ("figures", "figures.style", "figures.theory", "figures.section5", "figures.prompt_layers",

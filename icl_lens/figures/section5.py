@@ -11,7 +11,7 @@ import torch
 
 from icl_lens.figures.style import COLUMN, FLOOR, integer_ticks, median_band, styled
 from icl_lens.figures.theory import sgd_error_panel
-from icl_lens.studies import section5, section5_claims
+from icl_lens.studies import section5
 
 
 BASELINES = {   # key in a record's baselines: (legend label, line style)
@@ -187,7 +187,7 @@ def paired_figure(results, *, title):
     normalised test losses at the end, log(variant / normal)): one dot per voting seed, the median,
     and the 95% sign-test interval where the seeds allow one (from 6); each row's no-effect band
     (+-log 1.1) is shaded. Green: every seed better by more than the band; red: every seed worse.
-    ``results`` maps a task to rows of :func:`icl_lens.studies.section5_claims.variant_rows`."""
+    ``results`` maps a task to rows of :func:`icl_lens.studies.section5_measures.variant_rows`."""
     heights = [max(2.5, 0.24 * len(rows) + 1.0) for _, rows in _by_task(results)]
     figure, axes = plt.subplots(len(results), 1, figsize=(COLUMN, sum(heights)), squeeze=False,
                                 gridspec_kw={"height_ratios": heights})

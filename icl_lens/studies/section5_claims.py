@@ -19,23 +19,27 @@ measure).
 
 Half of training: the verdict at the end is checked on the same runs trained for half the epochs
 (with their own decay), with the same choice of setting; a verdict that differs is inconclusive,
-and the claim's p is the larger of the two. For "speed, early" the half window is a prefix of the
+and a decisive claim's p is the larger of the two. For "speed, early" the half window is a prefix of the
 full one, so the check is not applicable.
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from icl_lens import context_use, statistics
-from icl_lens.approximation import ApproximationConfig, log_log_slope
-from icl_lens.studies.section5 import finite_or_none, log_ratio, normalised_loss, run_length, seed_key
+from icl_lens.studies.section5_readings import normalised_loss
+# the measurements and the threshold claims live in their own modules; they are named here too, so
+# that ``section5_claims.X`` reaches every piece of the Section 5 verdicts
+from icl_lens.studies.section5_measures import (BAND, QUANTITIES, chaotic, deciding_seeds, difference,  # noqa: F401
+                                                find_model, markdown_rows, measured, noise_floor, number, paired,
+                                                partner, raw_differences, seeds_apart, speed, twin_gap,
+                                                variant_rows)
+from icl_lens.studies.trained_layer_claims import (EQUIVALENCE_WHERE, LARGER, LESS_ACCURATE, LOW_LEVEL,  # noqa: F401
+                                                   MAJORITY, MEASURES, equivalence_claims, exact_claim,
+                                                   larger_values_claim, low_level_claim, low_rank_claim,
+                                                   majority_claim, random_feature_claim, rank_claim, seed_counts,
+                                                   transformer_equivalence_claim)
 
-import torch
-
-# one band for every measure, since each is a log: log(1.1), a tenth of the loss either way (a
-# band in units of the label variance would be as wide as the loss itself where the layers learn
-# the task to ~1% of it)
-BAND = math.log(1.1)
 RULES = {
     "final": "test MSE at the end of training (the learning rate decays to 0 over the last fifth of "
              "the steps), divided by the label variance of the seed's test set; paired with the model the "
@@ -49,164 +53,11 @@ RULES = {
              "(Nadaraya-Watson must beat the context mean by 5% of the label variance); the round-off "
              "twin of each seed's normal model gives the noise floor each claim reports",
     "decision": "icl_lens.statistics: sign-test bounds and p-values, one-sided at 0.05; directional, "
-                "slightly, comparable and not-beyond kinds; every setting (each at 0.05) or some setting "
-                "(the best of k at 0.05 / k)",
+                "slightly, comparable and not-beyond kinds; every setting (each agreeing at 0.05, one "
+                "disagreeing at 0.05 / m) or some setting (the best of k at 0.05 / k)",
     "stability": "the verdict is computed at the end and on the same runs trained for half the epochs "
                  "(their own decay), with the same setting chosen; if they differ the claim is inconclusive",
 }
-
-
-def find_model(record, name, seed):
-    return next(m for m in record["models"] if m["name"] == name and m["seed"] == seed)
-
-
-def partner(record, model):
-    """The normal model of the same seed and learning rate (the paper's normal model for a control)."""
-    normals = [m for m in record["models"] if m["group"] == "normal" and m["seed"] == model["seed"]]
-    if model["group"] == "normal":
-        return normals[0]
-    return next(m for m in normals if m["lr"] == model["lr"])
-
-
-def speed(record, model, until=1.0, part="all"):
-    """How fast a model's test loss falls: the mean over the checkpoints of the constant-rate phase
-    of the run of ``until`` x epochs (before its decay) of log(test loss / label variance), the
-    area under the normalised log test curve. ``part`` "late" keeps the last third of those
-    checkpoints; "early" reads the part of the run before the first checkpoint, which the test
-    curve does not see, from the per-epoch training loss. Lower is faster; inf for a model that
-    diverged there."""
-    epochs = run_length(record, until)
-    config = record.get("config", {})
-    decay = config.get("decay_fraction", 0.2) if config.get("schedule", "constant") == "decay" else 0.0
-    end = epochs * (1 - decay)
-    if part == "early":
-        points = model["train_loss"][:max(1, record["checkpoint_epochs"][0] - 1)]
-    else:
-        points = [loss for epoch, loss in zip(record["checkpoint_epochs"], model["test_curve"])
-                  if epoch <= end + 1e-9]
-        points = points[-max(1, len(points) // 3):] if part == "late" else points
-    if not points:
-        raise ValueError(f"the record has no checkpoint in the constant-rate phase of {epochs} epochs")
-    variance = record["baselines"][seed_key(model["seed"])]["label_variance"]
-    if any(loss is None or not math.isfinite(loss) for loss in points):
-        return math.inf
-    return sum(math.log(loss / variance) for loss in points) / len(points)
-
-
-QUANTITIES = {"final": None, "speed": "all", "speed, early": "early", "speed, late": "late"}
-
-
-def measured(record, model, until, quantity):
-    """The number a claim about ``quantity`` reads for one model: the normalised final loss or a
-    :func:`speed`."""
-    if quantity == "final":
-        return normalised_loss(record, model, until)
-    return speed(record, model, until, QUANTITIES[quantity])
-
-
-def difference(variant, other, quantity):
-    """The paired difference of one seed: log(variant / other) of normalised final losses, or
-    variant - other of speeds (already logs). inf where only the variant diverged, -inf where only
-    ``other`` did, 0 where both did (a tie): no seed is left out for how it trained."""
-    if not math.isfinite(other):
-        return 0.0 if not math.isfinite(variant) else -math.inf
-    if quantity == "final":
-        return log_ratio(variant, other)
-    return variant - other
-
-
-def twin_gap(record, seed, until=1.0, quantity="final"):
-    """How far the round-off twin of a seed's normal model ends from it, as :func:`difference`
-    on ``quantity``; None for a record without twins."""
-    twin = next((m for m in record["models"] if m["group"] == "twin" and m["seed"] == seed), None)
-    if twin is None:
-        return None
-    normal = partner(record, twin)
-    gap = difference(measured(record, twin, until, quantity), measured(record, normal, until, quantity), quantity)
-    return gap if math.isfinite(gap) else math.inf
-
-
-def chaotic(record, seed, until=1.0, quantity="final"):
-    """Whether a seed's round-off twin ends more than :data:`BAND` from its normal model on
-    ``quantity``: a noisy draw (it votes; the noise floor reports it)."""
-    gap = twin_gap(record, seed, until, quantity)
-    return gap is not None and abs(gap) > BAND
-
-
-def seeds_apart(record):
-    """{seed: why it cannot vote}: its task draw failed the screen, decided before training. A record
-    without screening leaves every seed in."""
-    apart = {}
-    for seed in sorted({m["seed"] for m in record["models"]}):
-        screened = record.get("screening", {}).get(seed_key(seed))
-        if screened is not None and not screened["passes"]:
-            apart[seed] = (f"fails the screen: Nadaraya-Watson gains {screened['gain']:.3f} of the label "
-                           "variance over the context mean")
-    return apart
-
-
-def deciding_seeds(record):
-    apart = seeds_apart(record)
-    return [s for s in sorted({m["seed"] for m in record["models"]}) if s not in apart]
-
-
-def noise_floor(record, until=1.0, quantity="final"):
-    """The median over the deciding seeds of |twin - normal| on ``quantity`` (None without twins)."""
-    gaps = [twin_gap(record, s, until, quantity) for s in deciding_seeds(record)]
-    gaps = [abs(g) for g in gaps if g is not None]
-    return statistics.median(gaps) if gaps else None
-
-
-def paired(record, name, *, until=1.0, against=None, quantity="final"):
-    """Variant ``name`` against its normal partner (or, with ``against``, the model of that name) on
-    every seed that votes: the measures of ``quantity``, their per-seed differences
-    (:func:`difference`), the ordinary median, the two-sided 95% sign-test interval of the
-    differences (None below 6 seeds) with its coverage, and the seeds better / worse by more than
-    the band / diverged; the screened-out seeds apart, with their differences."""
-    if quantity not in QUANTITIES:
-        raise ValueError(f"quantity must be one of {list(QUANTITIES)}, got {quantity!r}")
-    apart = seeds_apart(record)
-    rows, set_apart, seeds = [], {}, []
-    for seed in sorted({m["seed"] for m in record["models"]}):
-        model = find_model(record, name, seed)
-        other = find_model(record, against, seed) if against else partner(record, model)
-        pair = (measured(record, model, until, quantity), measured(record, other, until, quantity))
-        if seed in apart:
-            set_apart[seed_key(seed)] = {"reason": apart[seed],
-                                         "difference": finite_or_none(difference(*pair, quantity))}
-        else:
-            rows.append(pair)
-            seeds.append(seed)
-    variant = [v for v, _ in rows]
-    differences = [difference(v, o, quantity) for v, o in rows]
-    kept = [d for d in differences if not math.isnan(d)]
-    low, high, coverage = statistics.two_sided_interval(kept) if kept else (None, None, None)
-    return {
-        "name": name,
-        "against": against or "normal (same seed and lr)",
-        "seed_list": seeds,
-        "variant": [finite_or_none(v) for v in variant],
-        "partner": [finite_or_none(o) for _, o in rows],
-        "difference": [None if math.isnan(d) else finite_or_none(d) if math.isfinite(d) else
-                       (1e300 if d > 0 else -1e300) for d in differences],
-        "median_variant": finite_or_none(statistics.median(variant)) if variant else None,
-        "median_difference": finite_or_none(statistics.median(kept)) if kept else None,
-        "interval": [None if low is None else finite_or_none(low), None if high is None else finite_or_none(high)],
-        "coverage": coverage,
-        "no_effect": BAND,
-        "quantity": quantity,
-        "better": sum(d < -BAND for d in kept),
-        "worse": sum(d > BAND for d in kept),
-        "diverged": sum(not math.isfinite(v) for v in variant),
-        "seeds": len(kept),
-        "seeds_apart": set_apart,
-    }
-
-
-def raw_differences(comparison):
-    """The per-seed differences of :func:`paired` as floats (None: the comparator diverged)."""
-    return [math.nan if d is None else math.inf if d >= 1e300 else -math.inf if d <= -1e300 else d
-            for d in comparison["difference"]]
 
 
 def names_where(record, predicate):
@@ -607,188 +458,6 @@ def evaluate(records, claims=CLAIMS):
         })
     return results
 
-def exact_claim(curves, tolerance=1e-24, **row):
-    """An identity on trained layers: after N per-demonstration steps the dual prediction equals
-    the layer's output to float64 round-off on every equivalence curve of ``curves`` (the squared
-    gap at t = N, relative to the gap at t = 0 where that is above 1)."""
-    worst = max(curve["squared_error"][-1] / max(1.0, curve["squared_error"][0]) for curve in curves)
-    return {**row, "rule": "exact", "measurement": {"worst_relative_squared_gap": worst, "tolerance": tolerance,
-                                                    "layers": len(curves)},
-            "quantity": "final", "stable": True, "verdict": "agrees" if worst <= tolerance else "disagrees"}
-
-
-EQUIVALENCE_WHERE = {"linear": "Sec. 5, Fig. 3 (left), Theorem 3.1", "trigonometric": "App. E.2.1, Fig. 11 (left), "
-                     "Theorem 3.1", "exponential": "App. E.2.2, Fig. 12 (left), Theorem 3.1"}
-
-
-def equivalence_claims(records, tolerance=1e-24):
-    """Theorem 3.1 on the trained layers, one row per task as the paper says it once per figure
-    (Figs. 3, 11, 12, left): after N per-demonstration steps the dual prediction equals the
-    layer's output to float64 round-off on every seed."""
-    return [exact_claim(list(record["equivalence"].values()), tolerance, id=f"equivalence-{task}",
-                        where=EQUIVALENCE_WHERE.get(task, "Sec. 5, Theorem 3.1"), task=task,
-                        claim="the trained layer's output equals its dual model after N per-demonstration SGD steps")
-            for task, record in records.items()]
-
-
-def transformer_equivalence_claim(rank, tolerance=1e-24):
-    """Theorem B.1 on trained Transformer layers (App. E.4, Fig. 14 left): the attention + ReLU FFN
-    layers of the rank study, each against its dual model after N per-demonstration steps."""
-    if "equivalence" not in rank:
-        raise ValueError("the Fig. 14 record has no equivalence curves (it predates them): rerun "
-                         "python -m icl_lens reproduce fig14")
-    return exact_claim(list(rank["equivalence"].values()), tolerance, id="transformer-equivalence",
-                       where="App. E.4, Fig. 14 (left), Theorem B.1", task="linear (trained FFN layers)",
-                       claim="a trained Transformer layer's output equals its dual model's test prediction "
-                             "after N per-demonstration SGD steps")
-
-
-MEASURES = {"attention_mse": "attention MSE", "attention_mae": "attention MAE", "output_mse": "output MSE",
-            "output_mae": "output MAE"}
-
-
-def random_feature_claim(study, measure="attention_mse"):
-    """Figs. 6-8 on trained layers: "as the dimension of random features increases, the
-    approximation performance gradually improves", for one of the four errors of the sentence
-    (:data:`MEASURES`: MSE and MAE of the attention and of the output matrices). Agrees if the
-    error falls at every step of d_r and by more than the band (:data:`BAND`, a tenth) from the
-    smallest d_r to the largest; disagrees if it does not fall overall (log-log slope >= 0) or by
-    no more than the band; inconclusive between. The slope is reported: on random layers it is
-    about -1 for the MSE (an error falling like 1/d_r)."""
-    if measure not in MEASURES:
-        raise ValueError(f"measure must be one of {list(MEASURES)}, got {measure!r}")
-    counts, errors = study["feature_counts"], study[measure]
-    slope = log_log_slope(counts, errors)
-    falling = all(b < a for a, b in zip(errors, errors[1:]))
-    fall = math.log(errors[0] / errors[-1])
-    verdict = "agrees" if falling and fall > BAND else ("disagrees" if slope >= 0 or fall <= BAND else "inconclusive")
-    suffix = "" if measure == "attention_mse" else "-" + measure.replace("_", "-")
-    return {"id": "random-features" + suffix, "where": "App. E.1, Figs. 6-8", "task": "linear (trained layers)",
-            "claim": f"the random-feature estimate improves as d_r grows ({MEASURES[measure]})",
-            "rule": "falls", "measurement": {"feature_counts": counts, "errors": errors, "measure": MEASURES[measure],
-                                             "slope": slope, "monotone": falling, "log_fall": fall, "band": BAND},
-            "quantity": "final", "stable": True, "verdict": verdict}
-
-
-# an attention error is "low" below a tenth of the mean attention weight, 1 / (number of tokens)
-LOW_LEVEL = 0.1
-
-
-def low_level_claim(study, num_tokens=ApproximationConfig().num_tokens, measure="attention_mae"):
-    """Fig. 8 on trained layers: "both errors reaching a low level in the end", one row per error:
-    the attention MAE below :data:`LOW_LEVEL` / num_tokens (a tenth of the mean attention weight)
-    and the attention MSE below its square, at the largest d_r of the study. Agrees if the upper
-    quartile over repeats is below it, disagrees if the lower quartile is above, else
-    inconclusive; the random layers' error at the same d_r is reported beside."""
-    if measure not in ("attention_mae", "attention_mse"):
-        raise ValueError(f"measure must be attention_mae or attention_mse, got {measure!r}")
-    trained, random = study["trained layers (linear task)"], study["iid (random layers)"]
-    position = len(trained["feature_counts"]) - 1
-    threshold = (LOW_LEVEL / num_tokens) ** (2 if measure == "attention_mse" else 1)
-    low, high = trained[f"{measure}_quartiles"][position]
-    verdict = "agrees" if high < threshold else ("disagrees" if low > threshold else "inconclusive")
-    largest = trained["feature_counts"][position]
-    name = MEASURES[measure]
-    return {"id": "random-features-low-level" + ("-mse" if measure == "attention_mse" else ""),
-            "where": "App. E.1, Fig. 8", "task": "linear (trained layers)",
-            "claim": f"the {name} reaches a low level in the end (read: below "
-                     f"{'the square of ' if measure == 'attention_mse' else ''}a tenth of the mean weight at the "
-                     f"largest d_r, {largest})", "rule": "below",
-            "measurement": {"features": largest, "median": trained[f"{measure}_median"][position],
-                            "quartiles": [low, high], "measure": name,
-                            "threshold": threshold, "random_layers": random[f"{measure}_median"][position],
-                            "ratio_to_random": trained[f"{measure}_median"][position]
-                            / random[f"{measure}_median"][position]},
-            "quantity": "final", "stable": True, "verdict": verdict}
-
-
-LARGER = 0.1    # the largest tenth of the exact attention weights
-LESS_ACCURATE = 2.0   # their median absolute error at least this many times the rest's
-
-
-def larger_values_claim(compared):
-    """Fig. 9 on the first seed's trained layer at d_r = 1200: "some larger values are not estimated
-    accurately". The median absolute error of the largest :data:`LARGER` of the exact weights
-    against that of the others: agrees if at least :data:`LESS_ACCURATE` times it, disagrees if
-    no larger, else inconclusive. One layer, one draw of the features."""
-    exact = torch.tensor(compared["attention"], dtype=torch.float64).flatten()
-    error = (torch.tensor(compared["attention_estimate"], dtype=torch.float64).flatten() - exact).abs()
-    order = exact.argsort(descending=True)
-    count = max(1, round(LARGER * len(exact)))
-    top, rest = float(error[order[:count]].median()), float(error[order[count:]].median())
-    ratio = top / rest if rest > 0 else math.inf
-    verdict = "agrees" if ratio >= LESS_ACCURATE else ("disagrees" if ratio <= 1 else "inconclusive")
-    return {"id": "random-features-larger-values", "where": "App. E.1, Fig. 9", "task": "linear (trained layer, seed 0)",
-            "claim": "the larger attention weights are estimated less accurately than the rest", "rule": "ratio",
-            "measurement": {"top_error": top, "rest_error": rest, "ratio": ratio, "threshold": LESS_ACCURATE,
-                            "share": LARGER},
-            "quantity": "final", "stable": True, "verdict": verdict}
-
-
-MAJORITY = 0.5    # "the majority": more than half of the attention weights
-
-
-def majority_claim(compared, num_tokens=ApproximationConfig().num_tokens):
-    """Fig. 9 on the first seed's trained layer at d_r = 1200: "the majority of the information is
-    still estimated comprehensively well", read as: more than half of the attention weights have an
-    absolute error below :data:`LOW_LEVEL` / num_tokens (a tenth of the mean weight). Agrees if the
-    share is above :data:`MAJORITY`, disagrees otherwise. One layer, one draw of the features."""
-    exact = torch.tensor(compared["attention"], dtype=torch.float64).flatten()
-    error = (torch.tensor(compared["attention_estimate"], dtype=torch.float64).flatten() - exact).abs()
-    threshold = LOW_LEVEL / num_tokens
-    share = float((error < threshold).double().mean())
-    return {"id": "random-features-majority", "where": "App. E.1, Fig. 9", "task": "linear (trained layer, seed 0)",
-            "claim": "most attention weights are estimated well (error below a tenth of the mean weight)",
-            "rule": "share", "measurement": {"share": share, "threshold": threshold, "majority": MAJORITY},
-            "quantity": "final", "stable": True, "verdict": "agrees" if share > MAJORITY else "disagrees"}
-
-
-def seed_counts(rank, holds, judged):
-    """Fig. 14's claims counted in whole seeds: per width d_h, how many seeds' bounds satisfy
-    ``holds``; over the widths ``judged`` takes, the fewest; the verdict: agrees if every seed
-    holds at every such width, disagrees if fewer than half do at one of them, else inconclusive.
-    Returns (counts by width, seeds, fewest, verdict)."""
-    counts = {h: sum(holds(b) for b in bounds) for h, bounds in zip(rank["hidden_sizes"], rank["bound_per_seed"])}
-    seeds = len(rank["seeds"])
-    judged_counts = [counts[h] for h in counts if judged(h)]
-    fewest = min(judged_counts) if judged_counts else 0
-    verdict = ("agrees" if judged_counts and fewest == seeds else
-               "disagrees" if 2 * fewest < seeds else "inconclusive")
-    return counts, seeds, fewest, verdict
-
-
-def rank_claim(rank):
-    """Fig. 14 (right) on trained layers, counted seed by seed: a seed saturates at a width d_h when
-    its mean of min(d, #active ReLUs) over tokens reaches d - 0.5. Agrees if every seed saturates
-    at every width d_h >= the paper's 2.75 d = 33; disagrees if fewer than half do at some such
-    width; inconclusive between. Whole seeds are counted, so no mean a hair above its threshold
-    decides it."""
-    d, threshold = rank["d"], rank["paper_saturation"]
-    counts, seeds, fewest, verdict = seed_counts(rank, lambda b: b >= d - 0.5, lambda h: h >= threshold)
-    every = [h for h in counts if counts[h] == seeds and all(counts[k] == seeds for k in counts if k >= h)]
-    return {"id": "rank-saturation", "where": "App. E.4, Fig. 14 (right)", "task": "linear (trained FFN layers)",
-            "claim": f"the Rank(W_F) bound saturates at d = {d} once d_h >= {threshold}",
-            "rule": "saturates", "measurement": {"hidden_sizes": rank["hidden_sizes"], "mean_bound": rank["mean_bound"],
-                                                 "seeds_saturated": [counts[h] for h in rank["hidden_sizes"]],
-                                                 "seeds": seeds, "fewest_at_or_above": fewest,
-                                                 "every_seed_from": min(every) if every else None},
-            "quantity": "final", "stable": True, "verdict": verdict}
-
-
-def low_rank_claim(rank):
-    """Fig. 14 (right), the sentence's second half: "when d_h is set to a smaller value, W_F
-    exhibits clear low-rank property", counted seed by seed as the rank bound staying below
-    d - 0.5. Agrees if every seed stays below at every width d_h < 2.75 d; disagrees if fewer than
-    half do at some such width; inconclusive between."""
-    d, threshold = rank["d"], rank["paper_saturation"]
-    counts, seeds, fewest, verdict = seed_counts(rank, lambda b: b < d - 0.5, lambda h: h < threshold)
-    return {"id": "rank-low-below", "where": "App. E.4, Fig. 14 (right)", "task": "linear (trained FFN layers)",
-            "claim": f"below d_h = {threshold} the Rank(W_F) bound stays clearly below d = {d} (low rank)",
-            "rule": "low rank", "measurement": {"hidden_sizes": rank["hidden_sizes"], "seeds": seeds,
-                                                "seeds_below": [counts[h] for h in rank["hidden_sizes"]],
-                                                "fewest_below": fewest},
-            "quantity": "final", "stable": True, "verdict": verdict}
-
 
 RAISED = 1.5      # a variant's median query weight at least this many times its partner's: "raised"
 
@@ -821,36 +490,6 @@ def context_note(claim, records, context):
             readings.append("predicts worse from the query alone")
     return {"variant": m["name"], "against": against, "variant_measures": ours, "against_measures": theirs,
             "reading": "; ".join(readings) or "no change beyond these factors"}
-
-
-def variant_rows(record, until=1.0):
-    """One paired comparison per non-normal model name (controls against the paper's normal)."""
-    seed = record["models"][0]["seed"]
-    names = [m["name"] for m in record["models"] if m["seed"] == seed][1:]
-    return [paired(record, name, until=until) for name in names]
-
-
-def number(value, digits=3):
-    """A loss or difference for a table; "diverged" for a diverged model (None, inf, or the bootstrap's
-    stand-in for inf, 1e300)."""
-    if value is None or not math.isfinite(value) or abs(value) >= 1e300:
-        return "diverged"
-    return f"{value:.{digits}g}"
-
-
-def markdown_rows(rows):
-    """Paired comparisons as a Markdown table (losses divided by the label variance; the paired
-    difference as the log ratio of the two)."""
-    lines = ["| model | median loss | median log(model / normal) | 95% sign-test interval | no effect within | "
-             "better / worse / diverged |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        low, high = r["interval"]
-        interval = (f"none at n = {r['seeds']} (needs 6)" if r.get("coverage") is None
-                    else f"[{number(low, 2)}, {number(high, 2)}] (>= {r['coverage']:.3f})")
-        lines.append(f"| {r['name']} | {number(r['median_variant'])} | {number(r['median_difference'], 2)} | "
-                     f"{interval} | ±{number(r['no_effect'], 2)} | "
-                     f"{r['better']} / {r['worse']} / {r['diverged']} |")
-    return "\n".join(lines)
 
 
 def measured_text(result):
