@@ -101,7 +101,9 @@ def why_inconclusive(decision, end, half, lengths=("the end", "half of training"
         return (f"every bound on the paper's side (L = {low:.3g}), but the median effect {decision['effect']:.3g} "
                 f"is within the band {band:.3g}")
     if kind == "comparable" and (low > band or high < -band):
-        return f"beyond the band on one side (bounds [{low:.3g}, {high:.3g}]), which needs p <= 0.025: more seeds"
+        side = "better" if low > band else "worse"
+        return (f"{side} beyond the band (bounds [{low:.3g}, {high:.3g}]); disagreeing needs p <= 0.025 (six seeds "
+                "or more)")
     return f"the bounds [{low:.3g}, {high:.3g}] reach both sides of a threshold"
 
 
@@ -148,6 +150,8 @@ def comparative_section5(claim, records):
     else:
         found["reading"] = (f"{section5_claims.measured_text(claim)}; {m['better']} better / {m['worse']} worse "
                             f"by more than the band, {m['diverged']} diverged")
+    if claim["kind"] == "comparable" and claim["verdict"] == "disagrees":
+        found["reading"] += "; " + ("better" if d["effect"] > 0 else "worse") + " beyond the band, not comparable"
     if claim.get("note"):
         found["reading"] += f"; note: {claim['note']}"
     if claim["verdict"] == "inconclusive":
@@ -203,7 +207,8 @@ def threshold_row(claim):
     m, rule = claim["measurement"], claim["rule"]
     found = {"unit": THRESHOLD_UNITS[rule], "reading": section5_claims.measured_text(claim),
              "section": "experiments-random-features" if claim["id"].startswith("random-features") else
-             "experiments-rank" if claim["id"].startswith("rank") else "experiments"}
+             "experiments-rank" if claim["id"].startswith("rank") else
+             "theorem_3_1" if claim["id"] == "equivalence-random-weights" else "experiments"}
     if rule == "exact":
         found.update(effect=m["worst_relative_squared_gap"], band=m["tolerance"], n=m["layers"])
     elif rule == "falls":
@@ -452,8 +457,8 @@ GROUPS = (
     ("R&L Sec. 5 and App. E.1-E.3: the linear task", lambda r: r["task"] == "linear" or r["id"] == "linear-alpha-full-rank"),
     ("R&L App. E.2.1: the trigonometric task", lambda r: r["task"] == "trigonometric"),
     ("R&L App. E.2.2: the exponential task", lambda r: r["task"] == "exponential"),
-    ("R&L App. E.1 and E.4: random features and the FFN layer", lambda r: r["id"].startswith(("random-features",
-                                                                                             "rank-", "transformer-"))),
+    ("R&L App. E.1 and E.4: random weights, random features and the FFN layer",
+     lambda r: r["id"].startswith(("random-features", "rank-", "transformer-", "equivalence-random"))),
     ("R&L App. E.1: training across tasks", lambda r: r["id"].startswith("across-")),
     ("R&L App. E.5: Table 1, on the WordNet entailment stand-in with MiniLM", lambda r: r["id"].startswith("table1")),
     ("Li et al.", lambda r: r["paper"] == "Li et al."),

@@ -246,7 +246,8 @@ def rank_figure(run):
 def section5_verdicts(run):
     tasks = run.tasks()
     rank, study = rank_study(run), approximation_study(run)
-    verdicts = [*section5_claims.equivalence_claims(tasks), *section5_claims.evaluate(tasks),
+    verdicts = [*section5_claims.equivalence_claims(tasks), section5_claims.random_weights_equivalence_claim(),
+                *section5_claims.evaluate(tasks),
                 *(section5_claims.random_feature_claim(study["trained layers (linear task)"], measure)
                   for measure in section5_claims.MEASURES),
                 section5_claims.low_level_claim(study), section5_claims.low_level_claim(study, measure="attention_mse"),

@@ -37,7 +37,8 @@ from icl_lens.studies.section5_measures import (BAND, QUANTITIES, chaotic, decid
 from icl_lens.studies.trained_layer_claims import (EQUIVALENCE_WHERE, LARGER, LESS_ACCURATE, LOW_LEVEL,  # noqa: F401
                                                    MAJORITY, MEASURES, equivalence_claims, exact_claim,
                                                    larger_values_claim, low_level_claim, low_rank_claim,
-                                                   majority_claim, random_feature_claim, rank_claim, seed_counts,
+                                                   majority_claim, random_feature_claim,
+                                                   random_weights_equivalence_claim, rank_claim, seed_counts,
                                                    transformer_equivalence_claim)
 
 RULES = {
