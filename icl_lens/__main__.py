@@ -11,7 +11,7 @@ from pathlib import Path
 
 from icl_lens.bert.glue import TASKS as GLUE_TASKS
 from icl_lens.device import pick
-from icl_lens.reproduce import FIGURES, OUTPUTS_TABLE, reproduce
+from icl_lens.reproduce import FIGURES, OUTPUTS_TABLE, reproduce, result_summary
 from icl_lens.results import check_writable_folder, results_dir
 from icl_lens.validation import SEED_LIMIT
 from icl_lens.validation import check_seeds as check_seed_list
@@ -176,6 +176,7 @@ def run_command(argv):
     for name, paths in written.items():
         print(f"{name}: {', '.join(str(p) for p in paths.values())}")
     print(f"done in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    print(result_summary(written, out))
 
 
 # the studies whose claims the table reads: the outputs that judge them, and their folder under --data
@@ -253,7 +254,11 @@ def run_glue(parser, args):
     state = PartialState()
     if state.is_main_process:   # under `accelerate launch`, one process writes
         paths = save_result(out, f"glue_{args.task}", record)
-        print(f"glue {args.task}: {paths['json']}")
+        finals = {run["seed"]: run["validation"][-1] for run in record["runs"] if run["validation"]}
+        shown = "; ".join(f"seed {seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(metrics.items())
+                                                       if isinstance(v, (int, float)))
+                          for seed, metrics in finals.items())
+        print(f"glue {args.task}: {shown or 'no validation'} (last epoch); saved {paths['json']}")
     state.destroy_process_group()   # several processes: leave the group cleanly (no-op in one)
 
 

@@ -479,6 +479,20 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
     return run.written
 
 
+def result_summary(written, out):
+    """The one line a reproduce command ends with: how many files it wrote where, and the verdict
+    counts of every claims file among them."""
+    from collections import Counter
+
+    files = saved_paths(written)
+    parts = [f"{len(files)} files in {out}"]
+    for path in files:
+        if path.endswith("claims.json"):
+            verdicts = Counter(claim["verdict"] for claim in json.loads(Path(path).read_text())["claims"])
+            parts.append(f"{Path(path).name}: " + ", ".join(f"{v} {n}" for v, n in sorted(verdicts.items())))
+    return "; ".join(parts)
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during :func:`reproduce`, carrying the files written whole before it (``saved``)."""
 

@@ -178,7 +178,8 @@ def fine_tune(model, tokenizer, train, validation, config, *, seed, device="cpu"
     epochs = range(config.epochs)
     if progress and accelerator.is_local_main_process:
         from tqdm.auto import tqdm
-        epochs = tqdm(epochs, desc=f"{config.task} seed {seed}", leave=False)
+        # a study's job names itself in ``progress`` ("table1 g1 seed 3, 5 epochs, run 12 of 105")
+        epochs = tqdm(epochs, desc=progress if isinstance(progress, str) else f"{config.task} seed {seed}", leave=False)
     for _ in epochs:
         for inputs, labels in training:
             loss = model(**inputs, labels=labels).loss

@@ -286,7 +286,9 @@ def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1):
     CPU's threads; the numbers are the same as with one worker (every draw is seeded)."""
     settings = study_settings(study)
     names = [(name, seed) for name in settings for seed in study.seeds]
-    runs = run_jobs(run_one, [(study, *settings[name], seed, progress and workers == 1) for name, seed in names],
+    shown = progress and workers == 1
+    runs = run_jobs(run_one, [(study, *settings[name], seed, f"{name} seed {seed}, run {i} of {len(names)}" if shown
+                               else False) for i, (name, seed) in enumerate(names, 1)],
                     device=device, workers=workers)
     record = {"study": asdict(study), "settings": {}}
     for (name, _), run in zip(names, runs):

@@ -202,6 +202,9 @@ def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1, p
     jobs += [(study, setting, seed, study.longer_epochs, shown) for setting in study.longer_settings
              for seed in study.seeds]
     jobs += [(study, "normal", seed, study.check_epochs, shown) for seed in study.seeds]
+    # each job's progress bar says what it trains: "table1 g1 seed 3, 5 epochs, run 12 of 105"
+    jobs = [(*job[:4], f"table1 {job[1]} seed {job[2]}, {job[3]} epochs, run {i} of {len(jobs)}" if shown else False)
+            for i, job in enumerate(jobs, 1)]
     done = reusable_runs(study, previous) if previous else {}
     # a run's time grows with its epochs: the longest are handed out first
     pending = [job for job in jobs if job[1:4] not in done]

@@ -243,7 +243,9 @@ def train_layer(task, config, *, device="cpu", progress=False):
     running, count = 0.0, 0
     steps = range(1, config.steps + 1)
     if progress:
-        steps = tqdm(steps, desc=f"{config.attention} seed {config.seed}", leave=False)
+        # a study's job names itself in ``progress``, else the layer and seed
+        steps = tqdm(steps, desc=progress if isinstance(progress, str) else f"{config.attention} seed {config.seed}",
+                     leave=False)
     for step in steps:
         if step - 1 == branch_at:   # the half-length run: same weights, optimiser state and data so far
             short, short_stream, state = fork(layer, stream, optimizer)
