@@ -373,8 +373,10 @@ def check_saved(saved, recomputed, path, command):
     fresh = {claim["id"]: claim for claim in json.loads(json.dumps(recomputed))}
     for claim in saved:
         again = fresh.get(claim["id"])
-        if again is not None and (again["verdict"] != claim["verdict"] or again.get("decision") != claim.get("decision")
-                                  or again.get("measured") != claim.get("measured")):
+        if again is None:
+            raise ValueError(f"{path}: claim {claim['id']} is not one its record gives; rewrite it with {command}")
+        if (again["verdict"] != claim["verdict"] or again.get("decision") != claim.get("decision")
+                or again.get("measured") != claim.get("measured") or again.get("measurement") != claim.get("measurement")):
             raise ValueError(f"{path}: claim {claim['id']} says {claim['verdict']!r} but its record gives "
                              f"{again['verdict']!r}; rewrite it with {command}")
 
@@ -388,7 +390,9 @@ def every_claim(data=None):
     temperature = load_result(experiments, "temperature") if (experiments / "temperature.json").exists() \
         else None
     saved5 = load_result(experiments, "claims")
-    check_saved(saved5["claims"], section5_claims.evaluate(records), experiments / "claims.json",
+    again = section5_claims.every_verdict(records, load_result(experiments, "fig6-8"), load_result(experiments, "fig9"),
+                                          load_result(experiments, "fig14"))
+    check_saved(saved5["claims"], again, experiments / "claims.json",
                 f"python -m icl_lens reproduce claims --reuse --out {experiments}")
     for folder, name, module in ((data / "table1", "table1", table1), (data / "closeness", "closeness", li_et_al)):
         check_saved(load_result(folder, f"{name}_claims")["claims"], module.claims(load_result(folder, name)),

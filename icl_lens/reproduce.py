@@ -244,17 +244,8 @@ def rank_figure(run):
 
 
 def section5_verdicts(run):
-    tasks = run.tasks()
-    rank, study = rank_study(run), approximation_study(run)
-    verdicts = [*section5_claims.equivalence_claims(tasks), section5_claims.random_weights_equivalence_claim(),
-                *section5_claims.evaluate(tasks),
-                *(section5_claims.random_feature_claim(study["trained layers (linear task)"], measure)
-                  for measure in section5_claims.MEASURES),
-                section5_claims.low_level_claim(study), section5_claims.low_level_claim(study, measure="attention_mse"),
-                section5_claims.larger_values_claim(heatmaps_study(run)),
-                section5_claims.majority_claim(heatmaps_study(run)),
-                section5_claims.rank_claim(rank), section5_claims.low_rank_claim(rank),
-                section5_claims.transformer_equivalence_claim(rank)]
+    verdicts = section5_claims.every_verdict(run.tasks(), approximation_study(run), heatmaps_study(run),
+                                             rank_study(run))
     return run.save("claims", "claims", {"rules": section5_claims.RULES, "claims": verdicts})
 
 

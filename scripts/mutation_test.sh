@@ -33,7 +33,8 @@ SOURCE[dual]=icl_lens/dual.py;                      TESTS[dual]="tests/test_dual
 SOURCE[bounds]=icl_lens/bounds.py;                  TESTS[bounds]="tests/test_bounds.py"
 SOURCE[ensemble]=icl_lens/training/ensemble.py;     TESTS[ensemble]="tests/test_ensemble.py"
 SOURCE[softmax_regression]=icl_lens/softmax_regression.py; TESTS[softmax_regression]="tests/test_softmax_regression.py"
-ORDER="results context_use attention baselines kernels modifications loop dual bounds ensemble softmax_regression"
+SOURCE[statistics]=icl_lens/statistics.py;          TESTS[statistics]="tests/test_statistics.py"
+ORDER="results context_use attention baselines kernels modifications loop dual bounds ensemble softmax_regression statistics"
 
 MODULES=("$@")
 [ ${#MODULES[@]} -eq 0 ] && read -r -a MODULES <<< "$ORDER"
@@ -85,4 +86,4 @@ EOF
     (cd "$work" && "$PYTHON" "$ROOT/scripts/mutation_score.py" "$module" "$ROOT/scripts/mutation_equivalents.txt" \
         "$(( $(date +%s) - start ))")
 done
-[ -z "${KEEP:-}" ] && rm -rf "$SCRATCH"
+if [ -z "${KEEP:-}" ]; then rm -rf "$SCRATCH"; fi

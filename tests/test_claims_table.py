@@ -179,12 +179,14 @@ def test_claims_rerun_judges_one_study_again_from_its_saved_record(capsys, tmp_p
 def test_a_saved_verdict_its_record_does_not_give_is_refused(capsys, tmp_path):
     """The claims command recomputes each study's verdicts from its record before printing: a saved
     Section 5 or Table 1 verdict changed by hand ends in exit 2 naming the file and the claim."""
-    for study, file, index in (("experiments", "claims.json", 3), ("table1", "table1_claims.json", 1)):
-        data = tmp_path / study
+    for study, file, key in (("experiments", "claims.json", "linear-g2-plus-faster-late"),
+                             ("experiments", "claims.json", "random-features-majority"),
+                             ("table1", "table1_claims.json", "table1-small-alpha")):
+        data = tmp_path / f"{study}-{key}"
         shutil.copytree(DATA, data, ignore=shutil.ignore_patterns("*.png"))
         path = data / study / file
         saved = json.loads(path.read_text())
-        claim = saved["claims"][index]
+        claim = next(c for c in saved["claims"] if c["id"] == key)
         claim["verdict"] = "agrees" if claim["verdict"] != "agrees" else "disagrees"
         path.write_text(json.dumps(saved))
         with pytest.raises(SystemExit) as stopped:

@@ -401,6 +401,19 @@ def judge(claim, record, until, choice=None, pairs=None):
     return decision, comparison, alternatives[decision["chosen"]], compared[decision["chosen"]]
 
 
+def every_verdict(tasks, study, compared, rank):
+    """Every Section 5 / App. E verdict, in the order ``claims.json`` keeps them: Theorem 3.1 on the
+    trained and on random layers, the claims of :data:`CLAIMS` (:func:`evaluate`), the random-feature
+    claims on trained layers (``study``: ``fig6-8.json``; ``compared``: ``fig9.json``) and Fig. 14's
+    (``rank``: ``fig14.json``)."""
+    trained = study["trained layers (linear task)"]
+    return [*equivalence_claims(tasks), random_weights_equivalence_claim(), *evaluate(tasks),
+            *(random_feature_claim(trained, measure) for measure in MEASURES),
+            low_level_claim(study), low_level_claim(study, measure="attention_mse"),
+            larger_values_claim(compared), majority_claim(compared),
+            rank_claim(rank), low_rank_claim(rank), transformer_equivalence_claim(rank)]
+
+
 def floor_or_none(value):
     return None if value is None or not math.isfinite(value) else value
 
