@@ -205,7 +205,10 @@ THRESHOLD_UNITS = {"exact": "relative squared gap", "falls": "log(error at the s
 def threshold_row(claim):
     """The fields of a Section 5 row read against a threshold of its own (no seeds to test)."""
     m, rule = claim["measurement"], claim["rule"]
-    found = {"unit": THRESHOLD_UNITS[rule], "reading": section5_claims.measured_text(claim),
+    unit = THRESHOLD_UNITS[rule]
+    if rule == "below":   # the claim names its error measure (MAE or MSE)
+        unit = unit.replace("attention MAE", m["measure"])
+    found = {"unit": unit, "reading": section5_claims.measured_text(claim),
              "section": "experiments-random-features" if claim["id"].startswith("random-features") else
              "experiments-rank" if claim["id"].startswith("rank") else
              "theorem_3_1" if claim["id"] == "equivalence-random-weights" else "experiments"}
@@ -368,17 +371,26 @@ def family(rows, alpha=statistics.ALPHA):
 
 def check_saved(saved, recomputed, path, command):
     """Every saved verdict must be what its record gives now: a claim whose saved entry differs from
-    the one recomputed from the record is an error naming the file, the claim and the command that
-    rewrites it (the table never prints a verdict its record does not support)."""
+    the one recomputed from the record is an error naming the file, the claim, what differs and the
+    command that rewrites it (the table never prints a verdict its record does not support). An
+    exact identity's measurement is round-off, which moves with the machine's arithmetic (thread
+    count, vector width): there only the verdict and the tolerance must match."""
     fresh = {claim["id"]: claim for claim in json.loads(json.dumps(recomputed))}
     for claim in saved:
         again = fresh.get(claim["id"])
         if again is None:
             raise ValueError(f"{path}: claim {claim['id']} is not one its record gives; rewrite it with {command}")
-        if (again["verdict"] != claim["verdict"] or again.get("decision") != claim.get("decision")
-                or again.get("measured") != claim.get("measured") or again.get("measurement") != claim.get("measurement")):
+        if claim.get("rule") == "exact":
+            compared = {"verdict": (claim["verdict"], again["verdict"]),
+                        "tolerance": ((claim.get("measurement") or {}).get("tolerance"),
+                                      (again.get("measurement") or {}).get("tolerance"))}
+        else:
+            compared = {field: (claim.get(field), again.get(field))
+                        for field in ("verdict", "decision", "measured", "measurement")}
+        differing = [field for field, (old, new) in compared.items() if old != new]
+        if differing:
             raise ValueError(f"{path}: claim {claim['id']} says {claim['verdict']!r} but its record gives "
-                             f"{again['verdict']!r}; rewrite it with {command}")
+                             f"{again['verdict']!r} (differing: {', '.join(differing)}); rewrite it with {command}")
 
 
 def every_claim(data=None):
@@ -482,6 +494,19 @@ def group_of(row):
     return next(name for name, belongs in GROUPS if belongs(row))
 
 
+# where each row's measurement is shown: a section label of the book, or a whole chapter
+ANCHORS = {"experiments": "#experiments-verdicts", "experiments-linear": "#experiments-linear",
+           "experiments-trigonometric": "#experiments-trigonometric",
+           "experiments-exponential": "#experiments-exponential",
+           "experiments-random-features": "#experiments-random-features", "experiments-rank": "#experiments-rank"}
+
+
+def link(section):
+    """The link target of a row's ``section``: its label in the book where the section has one,
+    else the chapter of that name."""
+    return ANCHORS.get(section, f"{section}.md")
+
+
 def markdown(rows, *, links=True):
     """The table as Markdown: with ``links`` grouped under a heading per paper, section and task,
     each claim linked to the section that shows it; without, one table with each row's id (the
@@ -490,7 +515,7 @@ def markdown(rows, *, links=True):
               "why inconclusive; seeds needed |", "|---|---|---|---|---|"]
 
     def line(row):
-        claim = (f"[{row['claim']}]({row['section'].split('-')[0]}.md)" if links else f"`{row['id']}` {row['claim']}")
+        claim = f"[{row['claim']}]({link(row['section'])})" if links else f"`{row['id']}` {row['claim']}"
         p = "–" if row["p"] is None else f"{row['p']:.2g}"
         if row["p_family"] is not None:
             p += f" ({row['p_family']:.2g})"
@@ -499,6 +524,8 @@ def markdown(rows, *, links=True):
             needed = row["seeds_needed"]
             why += f"; needs >= {needed} seeds" if needed is not None else "; needs > 100 seeds"
         band = "" if row["band"] is None else f"; band {number(row['band'])}"
+        if links and group_of(row) not in UNITS and row.get("unit"):   # a group of mixed units: each row says its own
+            band += f" ({row['unit']})"
         flags = "".join(f" *{flag}*" for flag in (("at this budget",) if row["at_budget"] else ()))
         return (f"| {claim} ({row['paper']} {row['where']}) | **{row['verdict']}**{flags} | {effect_text(row)}{band} | "
                 f"{number(row['n'])}; {p} | {why.strip('; ')} |")
@@ -535,3 +562,21 @@ def saved(path=None):
         raise ValueError(f"{path} is out of date ({', '.join(changed)} differ); "
                          "rewrite it with python -m icl_lens claims --write")
     return stored
+
+
+# a select above the claims page's tables that shows the rows of one verdict only: plain JavaScript
+# in the static page, no server (the verdict is the text of each row's second cell)
+VERDICT_FILTER = """<label style="font-size: 0.9em">Show the claims that
+<select id="verdict-filter">
+<option value="">have any verdict</option><option value="agrees">agree</option>
+<option value="disagrees">disagree</option><option value="inconclusive">are inconclusive</option>
+</select></label>
+<script>
+document.getElementById('verdict-filter').addEventListener('change', function (event) {
+  var wanted = event.target.value;
+  document.querySelectorAll('section#the-claims table tbody tr').forEach(function (row) {
+    var verdict = row.cells.length > 1 ? row.cells[1].textContent.trim().split(' ')[0] : '';
+    row.style.display = (!wanted || verdict === wanted) ? '' : 'none';
+  });
+});
+</script>"""

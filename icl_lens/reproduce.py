@@ -63,7 +63,7 @@ from icl_lens.figures import section5 as section5_figures
 from icl_lens.figures import table1 as table1_figures
 from icl_lens.figures import theory as theory_figures
 from icl_lens.results import (NUMBER, RecordError, check_writable_folder, load_result, repository_root,
-                              save_result, to_plain, write_json)
+                              results_dir, save_result, to_plain, write_json)
 from icl_lens.studies import across_tasks, ffn_rank, li_et_al, section5, section5_claims, table1
 
 ALL_TASKS = ("linear", "trigonometric", "exponential")
@@ -188,8 +188,11 @@ def task_figure(name, kind):
     """Figs. 3, 11, 12: one task's panels, median and quartiles over seeds."""
     def write(run):
         result = run.task(kind)
+        trained, voting = len(result["config"]["seeds"]), len(section5_claims.deciding_seeds(result))
+        over = (f"{trained} seeds" if voting == trained
+                else f"all {trained} trained seeds ({voting} vote)")
         title = (f"R&L Fig. {name[3:]}: {result['task']} task, {result['config']['epochs']} epochs, "
-                 f"median and quartiles over {len(result['config']['seeds'])} seeds")
+                 f"median and quartiles over {over}")
         figure = section5_figures.experiment_figure(result, PANELS, title=title)
         return run.save(name, name, figure_numbers(result, PANELS), figure)
     return write
@@ -511,6 +514,15 @@ def saved_or_quick(out, *, quick):
         return "full", saved
     quick_reproduction(["all"], out)
     return "quick", out
+
+
+def section5_pages_run(*, quick):
+    """What each Section 5 page of the book reads: ``(source, folder, records, claims)``, the
+    saved full run (or a quick one, as :func:`saved_or_quick` decides), its three task records by
+    task and its saved claims."""
+    source, folder = saved_or_quick(results_dir("experiments-quick"), quick=quick)
+    records = {kind: load_result(folder, f"task_{kind}") for kind in section5.EXPERIMENTS}
+    return source, folder, records, load_result(folder, "claims")
 
 
 def saved_study_or_quick(name, out, *, quick):

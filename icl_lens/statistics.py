@@ -320,26 +320,39 @@ def decided_by_counts(kind, counts, n, alpha, alpha_disagree):
 PRIOR = 0.5    # Dirichlet pseudo-count of each of the four regions: a prior mass of 2, as Beta(1, 1)'s
 
 
-def seeds_needed(kind, differences, band, *, direction="lower", alpha=ALPHA, choices=1, comparisons=1,
-                 power=0.8, most=100, studies=2000, seed=0):
-    """An estimate by simulation of the seeds a comparison needs: the smallest n (up to ``most``)
-    from which at least ``power`` of simulated studies decide (agree or disagree) under
-    :func:`decide`'s rule, agreeing at alpha / ``choices`` (a choice among settings) and
-    disagreeing at alpha / ``comparisons`` (a union over the comparisons of one setting), with
-    each study's region probabilities drawn from Dirichlet(:data:`PRIOR` + observed counts); None
-    if none up to ``most``. It leaves out the half-of-training check and the family correction."""
+def power_curve(kind, differences, band, *, direction="lower", alpha=ALPHA, choices=1, comparisons=1, most=100,
+                studies=2000, seed=0):
+    """[power at n = 1, ..., ``most``]: the share of ``studies`` simulated studies of n seeds that
+    decide (agree or disagree) under :func:`decide`'s rule, agreeing at alpha / ``choices`` and
+    disagreeing at alpha / ``comparisons``; each study's region probabilities are drawn from
+    Dirichlet(:data:`PRIOR` + the observed counts of the four regions), then its n seeds' regions."""
     x = in_direction(differences, direction)
     rng = np.random.default_rng(seed)
     concentration = np.array(regions(x, band), dtype=float) + PRIOR
-    powers = {}
+    powers = []
     for n in range(1, most + 1):
         probabilities = rng.dirichlet(concentration, size=studies)
         counts = rng.multinomial(n, probabilities)
-        powers[n] = float(decided_by_counts(kind, counts, n, alpha / choices, alpha / comparisons).mean())
-    for n in range(1, most + 1):
-        if all(powers[m] >= power for m in range(n, most + 1)):
+        powers.append(float(decided_by_counts(kind, counts, n, alpha / choices, alpha / comparisons).mean()))
+    return powers
+
+
+def first_lasting(powers, power):
+    """The smallest n (counting from 1) from which every entry of ``powers`` is at least ``power``;
+    None if the last one is not."""
+    for n in range(1, len(powers) + 1):
+        if all(value >= power for value in powers[n - 1:]):
             return n
     return None
+
+
+def seeds_needed(kind, differences, band, *, direction="lower", alpha=ALPHA, choices=1, comparisons=1,
+                 power=0.8, most=100, studies=2000, seed=0):
+    """An estimate by simulation of the seeds a comparison needs: the smallest n (up to ``most``)
+    from which at least ``power`` of simulated studies decide (:func:`power_curve`); None if none
+    up to ``most``. It leaves out the half-of-training check and the family correction."""
+    return first_lasting(power_curve(kind, differences, band, direction=direction, alpha=alpha, choices=choices,
+                                     comparisons=comparisons, most=most, studies=studies, seed=seed), power)
 
 
 def unstable(variant_unstable, normal_unstable, *, alpha=ALPHA, band=0.1):
@@ -366,24 +379,31 @@ def unstable(variant_unstable, normal_unstable, *, alpha=ALPHA, band=0.1):
             "cannot_decide": smallest_p(n) > alpha and smallest_disagree > alpha}
 
 
-def seeds_needed_unstable(variant_unstable, normal_unstable, *, alpha=ALPHA, band=0.1, power=0.8, most=100,
-                          studies=2000, seed=0):
-    """:func:`seeds_needed` for :func:`unstable`: the shares of seeds where only the variant, only
+def power_curve_unstable(variant_unstable, normal_unstable, *, alpha=ALPHA, band=0.1, most=100, studies=2000,
+                         seed=0):
+    """:func:`power_curve` for :func:`unstable`: the shares of seeds where only the variant, only
     the normal model, or both or neither are unstable drawn from Dirichlet(:data:`PRIOR` + observed
-    counts)."""
+    counts), then each study's n seeds; a study decides if McNemar's exact test agrees or the
+    Clopper-Pearson bound of the variant-only share is below ``band``."""
+    if len(variant_unstable) != len(normal_unstable):
+        raise ValueError("variant_unstable and normal_unstable must have one flag per seed each")
     only_variant = sum(v and not o for v, o in zip(variant_unstable, normal_unstable))
     only_normal = sum(o and not v for v, o in zip(variant_unstable, normal_unstable))
     rest = len(variant_unstable) - only_variant - only_normal
     rng = np.random.default_rng(seed)
     concentration = np.array([only_variant, only_normal, rest], dtype=float) + PRIOR
-    powers = {}
+    powers = []
     for n in range(1, most + 1):
         counts = rng.multinomial(n, rng.dirichlet(concentration, size=studies))
         b, c = counts[:, 0], counts[:, 1]
         agree = (b > 0) & (stats.binom.sf(b - 1, b + c, 0.5) <= alpha)
         upper = np.where(b == n, 1.0, stats.beta.ppf(1 - alpha, b + 1, np.maximum(n - b, 1)))
-        powers[n] = float((agree | (upper < band)).mean())
-    for n in range(1, most + 1):
-        if all(powers[m] >= power for m in range(n, most + 1)):
-            return n
-    return None
+        powers.append(float((agree | (upper < band)).mean()))
+    return powers
+
+
+def seeds_needed_unstable(variant_unstable, normal_unstable, *, alpha=ALPHA, band=0.1, power=0.8, most=100,
+                          studies=2000, seed=0):
+    """:func:`seeds_needed` for :func:`unstable` (:func:`power_curve_unstable`)."""
+    return first_lasting(power_curve_unstable(variant_unstable, normal_unstable, alpha=alpha, band=band, most=most,
+                                              studies=studies, seed=seed), power)

@@ -33,7 +33,7 @@ SOURCE[dual]=icl_lens/dual.py;                      TESTS[dual]="tests/test_dual
 SOURCE[bounds]=icl_lens/bounds.py;                  TESTS[bounds]="tests/test_bounds.py"
 SOURCE[ensemble]=icl_lens/training/ensemble.py;     TESTS[ensemble]="tests/test_ensemble.py"
 SOURCE[softmax_regression]=icl_lens/softmax_regression.py; TESTS[softmax_regression]="tests/test_softmax_regression.py"
-SOURCE[statistics]=icl_lens/statistics.py;          TESTS[statistics]="tests/test_statistics.py"
+SOURCE[statistics]=icl_lens/statistics.py;          TESTS[statistics]="tests/test_statistics.py tests/test_statistics_reference.py"
 ORDER="results context_use attention baselines kernels modifications loop dual bounds ensemble softmax_regression statistics"
 
 MODULES=("$@")

@@ -37,7 +37,9 @@ OVERFLOW_SCRIPT = """() => {
   const found = [];
   const column = document.querySelector('article') || document.body;
   const right = column.getBoundingClientRect().right;
-  const boxes = 'pre, mjx-container[display="true"], table, article img, .widget-box, dl.py dt';
+  // a wide table is shown in a container that scrolls (the theme's, or docutils' wrapper): check both
+  const boxes = 'pre, mjx-container[display="true"], table, .pst-scrollable-table-container, ' +
+                '.table-wrapper, article img, .widget-box, dl.py dt';
   for (const el of column.querySelectorAll(boxes)) {
     const box = el.tagName === 'IMG' ? el.getBoundingClientRect().right - right : el.scrollWidth - el.clientWidth;
     if (box > 2 && el.offsetParent !== null) {
@@ -53,9 +55,14 @@ OVERFLOW_SCRIPT = """() => {
 }"""
 
 
-def check_page(browser, html, page_path, screenshots, *, source_listing=False):
+# a reader holds a page of at most this many pixels at 1280 px wide (the API reference and the
+# source listings are looked things up in, not read through)
+MAX_HEIGHT = 13_500
+
+
+def check_page(browser, html, page_path, screenshots, *, source_listing=False, reference=False):
     """The problems of one page; a ``source_listing`` (viewcode's copy of a module) may scroll
-    sideways, as an editor would."""
+    sideways, as an editor would, and it or a ``reference`` page may be taller than MAX_HEIGHT."""
     page = browser.new_page(viewport={"width": 1280, "height": 1600})
     errors, remote = [], []
     page.on("pageerror", lambda error: errors.append(str(error)))
@@ -91,9 +98,11 @@ def check_page(browser, html, page_path, screenshots, *, source_listing=False):
     rendered_widgets = page.evaluate("() => document.querySelectorAll('.widget-slider, .widget-dropdown').length")
     live_controls = page.evaluate("() => document.querySelectorAll('.widget-interact').length")
     too_wide = page.evaluate(OVERFLOW_SCRIPT)
-    # the book's figures are captioned by content: a visible "Fig. N" would clash with the papers'
+    height = page.evaluate("() => document.documentElement.scrollHeight")
+    # the book's figures are "Book figure N.M": a bare "Fig. N" would clash with the papers'
     numbered = page.evaluate("() => Array.from(document.querySelectorAll('figcaption .caption-number'))"
-                             ".filter(e => e.offsetParent !== null).length")
+                             ".filter(e => e.offsetParent !== null && !/^Book figure \\d/.test(e.textContent))"
+                             ".length")
     page.screenshot(path=str(screenshots / f"{page_path.stem}.png"), full_page=False)
     page.close()
 
@@ -120,10 +129,13 @@ def check_page(browser, html, page_path, screenshots, *, source_listing=False):
     if live_controls:
         problems.append(f"{live_controls} live explorer(s) that need a kernel")
     if numbered:
-        problems.append(f"{numbered} numbered figure caption(s): the book's numbers would clash with the papers'")
+        problems.append(f"{numbered} numbered figure caption(s) without 'Book figure': they would clash with the "
+                        "papers' numbers")
     if too_wide and not source_listing:
         problems.append(f"wider than their box: {too_wide[:4]}")
-    return problems, {"math": typeset, "images": len(images), "widgets": rendered_widgets}
+    if height > MAX_HEIGHT and not (source_listing or reference):
+        problems.append(f"taller than {MAX_HEIGHT} px: {height} px")
+    return problems, {"math": typeset, "images": len(images), "widgets": rendered_widgets, "height": height}
 
 
 def test_every_page_in_chromium(html_pages):
@@ -137,7 +149,8 @@ def test_every_page_in_chromium(html_pages):
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         for page_path in pages:
             problems, counts = check_page(browser, html, page_path, screenshots,
-                                          source_listing="_modules" in page_path.parts)
+                                          source_listing="_modules" in page_path.parts,
+                                          reference=page_path.name == "api.html")
             report[str(page_path.relative_to(html))] = counts
             if problems:
                 failures[str(page_path.relative_to(html))] = problems
@@ -148,6 +161,7 @@ def test_every_page_in_chromium(html_pages):
                 and name not in {"book/references.html", "book/api.html"}]
     assert sum(report[name]["math"] > 0 for name in chapters) >= len(chapters) - 1
     assert sum(report[name]["widgets"] > 0 for name in chapters) >= 1
+    assert report["book/claims.html"]["images"] >= 1   # the forest plot of every claim
 
 
 def test_the_checker_catches_a_broken_page(tmp_path):
@@ -158,10 +172,13 @@ def test_the_checker_catches_a_broken_page(tmp_path):
     page_path = tmp_path / "broken.html"
     page_path.write_text(
         "<html><body><article style='width:300px'><pre style='overflow:auto'>" + "x" * 200 + "</pre>"
+        "<div class='pst-scrollable-table-container' style='overflow:auto'><table><tr><td>"
+        + "widecell" * 60 + "</td></tr></table></div>"
         "<div class='widget-interact'>a live explorer</div>"
         "<div class='widget-box' style='width:100px;overflow:auto'><div style='width:400px'>frame</div></div>"
         "</article>"
         "<img src='missing.png'><a href='nowhere.html'>x</a><div style='width:3000px'>too wide a page</div>"
+        "<div style='height:14000px'>too tall a page</div>"
         "<figure><figcaption><span class='caption-number'>Fig. 3 </span>a numbered caption</figcaption></figure>"
         "<script src='https://cdn.example.invalid/x.js'></script><script>undefined_function()</script></body></html>")
     with sync_playwright() as playwright:
@@ -169,8 +186,10 @@ def test_the_checker_catches_a_broken_page(tmp_path):
         problems, _ = check_page(browser, tmp_path, page_path, tmp_path)
         browser.close()
     text = " ".join(problems)
+    assert "div: widecell" in text   # the scrolling table container is named
     for expected in ("JavaScript errors", "requests off the machine", "images not loaded", "broken internal link",
-                     "wider than their box", "live explorer", "wider than the window", "numbered figure"):
+                     "wider than their box", "live explorer", "wider than the window", "numbered figure",
+                     "taller than"):
         assert expected in text, (expected, problems)
 
 
@@ -194,4 +213,28 @@ def test_frame_explorer_moves_without_a_kernel(html_pages):
             after = page.evaluate(visible_images)
             page.close()
             assert before and after and before[0] != after[0], chapter
+        browser.close()
+
+
+def test_the_claims_filter_shows_the_rows_of_one_verdict(html_pages):
+    """Choosing a verdict above the claims table leaves exactly the rows of book/data/claims.json with
+    that verdict visible, in the static page; choosing "any" shows every row again."""
+    import json
+
+    from playwright.sync_api import sync_playwright
+
+    html, _ = html_pages
+    saved = json.loads((ROOT / "book" / "data" / "claims.json").read_text())["claims"]
+    visible_rows = ("() => Array.from(document.querySelectorAll('section#the-claims table tbody tr'))"
+                    ".filter(r => r.offsetParent !== null).length")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto((html / "book" / "claims.html").as_uri(), wait_until="load")
+        assert page.evaluate(visible_rows) == len(saved)
+        for verdict in ("agrees", "disagrees", "inconclusive"):
+            page.select_option("#verdict-filter", verdict)
+            assert page.evaluate(visible_rows) == sum(row["verdict"] == verdict for row in saved), verdict
+        page.select_option("#verdict-filter", "")
+        assert page.evaluate(visible_rows) == len(saved)
         browser.close()

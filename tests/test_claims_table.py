@@ -194,3 +194,28 @@ def test_a_saved_verdict_its_record_does_not_give_is_refused(capsys, tmp_path):
         assert stopped.value.code == 2
         error = capsys.readouterr().err
         assert claim["id"] in error and file in error
+
+
+def test_an_exact_identity_is_checked_by_its_verdict_not_its_round_off():
+    """The round-off an exact identity measures moves with the machine's arithmetic, so a saved
+    measurement five times the recomputed one passes; a changed verdict or tolerance does not, and
+    on a statistical row a changed number is refused with the field named."""
+    from icl_lens.claims_table import check_saved
+
+    exact = {"id": "identity", "rule": "exact", "verdict": "agrees",
+             "measurement": {"worst_relative_squared_gap": 7.0e-31, "tolerance": 1e-20, "layers": 20}}
+    saved = json.loads(json.dumps(exact))
+    saved["measurement"]["worst_relative_squared_gap"] = 3.7e-30
+    check_saved([saved], [exact], "claims.json", "rewrite")
+    for field, value in (("verdict", "disagrees"), ("tolerance", 1e-10)):
+        wrong = json.loads(json.dumps(exact))
+        if field == "verdict":
+            wrong["verdict"] = value
+        else:
+            wrong["measurement"]["tolerance"] = value
+        with pytest.raises(ValueError, match=field):
+            check_saved([wrong], [exact], "claims.json", "rewrite")
+    paired = {"id": "paired", "rule": "paired", "verdict": "agrees", "measured": {"effect": 0.2}}
+    moved = {**paired, "measured": {"effect": 0.2000001}}
+    with pytest.raises(ValueError, match="differing: measured"):
+        check_saved([moved], [paired], "claims.json", "rewrite")

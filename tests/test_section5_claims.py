@@ -271,7 +271,7 @@ def test_context_note_reads_the_query_weight_and_the_query_alone_loss():
     assert note["against"] == "normal"
     assert note["reading"] == "more weight on the query's own token; predicts better from the query alone"
     context["tasks"]["linear"]["alpha=-0.5"] = {"0": measures(0.12, 0.4), "1": measures(0.12, 0.4)}
-    assert section5_claims.context_note(claim, records, context)["reading"] == "no change beyond these factors"
+    assert section5_claims.context_note(claim, records, context)["reading"] == "about the same context use"
     assert section5_claims.context_note({"task": "all", "measurement": {"worst_relative_squared_gap": 0}},
                                         records, context) is None
 

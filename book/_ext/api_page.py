@@ -31,7 +31,7 @@ SECTIONS = (
     ("Softmax regression (Li et al.)", ("softmax_regression", "counterexamples")),
     ("Training machinery", ("training", "training.ensemble", "training.prompt_layer", "training.data",
                             "training.loop")),
-    ("Verdicts", ("statistics", "verdicts", "claims_table")),
+    ("Verdicts", ("statistics", "verdicts", "claims_table", "findings")),
     ("Studies", ("studies", "studies.section5", "studies.section5_readings", "studies.section5_measures", "studies.section5_claims", "studies.trained_layer_claims", "studies.ffn_rank",
                  "studies.across_tasks", "studies.li_et_al", "studies.table1")),
     ("BERT (R&L Table 1)", ("bert", "bert.modify", "bert.glue", "bert.wordnet")),

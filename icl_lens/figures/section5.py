@@ -44,15 +44,24 @@ def _test_panel(axis, result, named_curves, normal, *, legend=True, compact=None
     epochs = result["checkpoint_epochs"]
     medians = [median_band(axis, epochs, normal, color="black", linestyle="--", linewidth=1.4,
                             label="normal (same lr)")]
-    for name, losses in named_curves.items():
-        medians.append(median_band(axis, epochs, losses, label=name))
+    # each variant its own dash and marker as well as colour: two that end together stay apart
+    dashes = ("-", (0, (6, 2)), (0, (2, 1)), (0, (6, 2, 2, 2)))
+    markers = ("o", "s", "^", "v", "D", "P")
+    for index, (name, losses) in enumerate(named_curves.items()):
+        medians.append(median_band(axis, epochs, losses, label=name, linestyle=dashes[index % len(dashes)],
+                                   marker=markers[index % len(markers)], markersize=3,
+                                   markevery=max(1, len(epochs) // 6)))
     axis.axhline(1.0, color="grey", linewidth=1.0, label="predict the mean")
     config = result["config"]
     if config.get("schedule") == "decay":
         axis.axvspan(config["epochs"] * (1 - config["decay_fraction"]), config["epochs"], color="grey", alpha=0.12,
                      linewidth=0, label="learning rate decays")
     finite = torch.cat([m[torch.isfinite(m)] for m in medians])
-    low = max(FLOOR, 0.5 * float(finite.min())) if finite.numel() else FLOOR
+    # the axis reaches the lowest lower quartile too: the seeds that learn are part of the picture
+    quartiles = [torch.quantile(c.nan_to_num(nan=math.inf), 0.25, dim=0) for c in [normal, *named_curves.values()]
+                 if c.shape[0] > 2]
+    lowest = torch.cat([finite, *[q[torch.isfinite(q)] for q in quartiles]])
+    low = max(FLOOR, 0.5 * float(lowest.min())) if lowest.numel() else FLOOR
     bottom = low * 0.8
     found = section5.normalised_baselines(result)
     for key in [key for key in BASELINES if key in found]:   # a fixed legend order, not the record's key order
@@ -114,10 +123,12 @@ def experiment_figure(result, groups, *, title, seed=None, equivalence=True):
         shown = {section5.seed_key(s): result["equivalence"][section5.seed_key(s)] for s in seeds}
         sgd_error_panel(axes.pop(0), {f"seed {s}": curve["squared_error"] for s, curve in shown.items()},
                         title="equivalence (Theorem 3.1)", ylabel="$\\|f(x) - h'\\|^2$", fontsize=8)
-    for axis, group in zip(axes, groups):
+    for position, (axis, group) in enumerate(zip(axes, groups), start=int(equivalence)):
         named = section5.curves(result, group, seed)
         _test_panel(axis, result, named, _partner_curves(result, group, seed), legend=False, compact=5)
         axis.set_title(group)
+        if position % 2:   # the right column shares the left one's label, which it would run into
+            axis.set_ylabel("")
         axis.legend(*_entries(axis, named), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
                     frameon=False)
     _shared_legend(figure, axes[0], section5.curves(result, groups[0], seed))

@@ -52,7 +52,7 @@ def attention_heatmaps_figure(exact, estimate, exact_output, estimate_output, nu
     scales, and the estimate minus the exact values on a scale of their own (right)."""
     exact, estimate = as_numpy(exact), as_numpy(estimate)
     exact_output, estimate_output = as_numpy(exact_output), as_numpy(estimate_output)
-    figure, axes = plt.subplots(2, 3, figsize=(COLUMN, 5.6))
+    figure, axes = plt.subplots(2, 3, figsize=(COLUMN, 5.6), layout="constrained")
     rows = (("attention", exact, estimate, "viridis", "key token", "query token"),
             ("output", exact_output, estimate_output, "coolwarm", "output dimension", "token"))
     for row, (part, truth, guess, colours, xlabel, ylabel) in zip(axes, rows):
@@ -60,14 +60,15 @@ def attention_heatmaps_figure(exact, estimate, exact_output, estimate_output, nu
         for axis, matrix, name in zip(row[:2], (truth, guess), ("exact softmax", f"$d_r$ = {num_features}")):
             image = axis.imshow(matrix, vmin=low, vmax=high, cmap=colours)
             # the second panel shares the first one's rows: its label would run into the first
-            axis.set(title=f"{part}: {name}", xlabel=xlabel, ylabel=ylabel if axis is row[0] else "")
+            axis.set(title=f"{part}:\n{name}", xlabel=xlabel, ylabel=ylabel if axis is row[0] else "")
             integer_ticks(axis, "x")
             integer_ticks(axis, "y")
         figure.colorbar(image, ax=row[:2], shrink=0.85)
         difference = guess - truth
         bound = abs(difference).max()
         image = row[2].imshow(difference, vmin=-bound, vmax=bound, cmap="PiYG")
-        row[2].set(title=f"{part}: estimate - exact", xlabel=xlabel)
+        # two lines: one would run into the colour bar of the middle panels
+        row[2].set(title=f"{part}:\nestimate - exact", xlabel=xlabel)
         integer_ticks(row[2], "x")
         integer_ticks(row[2], "y")
         figure.colorbar(image, ax=row[2], shrink=0.85)

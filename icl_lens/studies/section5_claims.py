@@ -503,7 +503,7 @@ def context_note(claim, records, context):
         elif ours["query_alone"] > 2 * theirs["query_alone"]:
             readings.append("predicts worse from the query alone")
     return {"variant": m["name"], "against": against, "variant_measures": ours, "against_measures": theirs,
-            "reading": "; ".join(readings) or "no change beyond these factors"}
+            "reading": "; ".join(readings) or "about the same context use"}
 
 
 def measured_text(result):

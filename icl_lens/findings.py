@@ -1,0 +1,86 @@
+"""What holds, at a glance: the book's headline findings as sentences, every number read from the
+saved claims table and records, each linked to the page that shows it.
+
+Chapters: intro, claims.
+"""
+
+import statistics
+
+from icl_lens import context_use
+from icl_lens.results import load_result, repository_root
+
+SECTION5_TASKS = ("linear", "trigonometric", "exponential")
+
+
+def decided_text(rows):
+    """The decided comparisons in a sentence: Section 5's by claim, Table 1's and Li et al.'s
+    counted."""
+    section5 = [f"{row['claim']} ({row['task']}, {row['verdict']})" for row in rows
+                if row["task"] in SECTION5_TASKS]
+    parts = ["Section 5: " + "; ".join(section5)] if section5 else []
+    for name, belongs in (("Table 1's stand-in", lambda r: r["id"].startswith("table1")),
+                          ("Li et al.", lambda r: r["paper"] == "Li et al.")):
+        group = [row for row in rows if belongs(row)]
+        if group:
+            parts.append(f"{name}: {sum(r['verdict'] == 'agrees' for r in group)} agree, "
+                         f"{sum(r['verdict'] == 'disagrees' for r in group)} disagree")
+    return ". ".join(parts)
+
+
+def smallness_text(share):
+    """Li et al.'s smallness assumption, from the share of prompts that meet it."""
+    if share == 0:
+        return "the theorem's smallness assumption is met on none of the prompts."
+    return f"the theorem's smallness assumption is met on at most {share:.0%} of the prompts."
+
+
+def findings(rows, data=None):
+    """[(sentence, link)] for the judged ``rows`` of the claims table (``claims_table.saved()``
+    without the rows not run) and the saved Section 5 record under ``data`` (default
+    ``book/data``). A link is a book label (``#...``) or a chapter file."""
+    from icl_lens.claims_table import counts, surviving
+
+    data = repository_root() / "book" / "data" if data is None else data
+    by_id = {row["id"]: row for row in rows}
+    found, kept = counts(rows), surviving(rows)
+    family = sum(row["p_family"] is not None for row in rows)
+    identities = [row for row in rows if row["kind"] == "exact" and row["id"] != "equivalence-random-weights"]
+    comparative = [row for row in rows if row["p"] is not None]
+    needed = [row["seeds_needed"] for row in comparative if row["verdict"] == "inconclusive"]
+    known = sorted(n for n in needed if n is not None)
+    decided = [row for row in comparative if row["verdict"] != "inconclusive"]
+    linear = load_result(data / "experiments", "context_use")["tasks"]["linear"]
+    normal = context_use.medians(linear["normal"])
+    found_list = [
+        (f"**The identities hold on trained layers.** Theorem 3.1 on the Section 5 layers of all three tasks "
+         f"and Theorem B.1 on trained Transformer layers: the layer's output and its dual model's prediction "
+         f"differ by at most {max(row['effect'] for row in identities):.1e} (relative squared gap) over "
+         f"{sum(row['n'] for row in identities)} layers.", "#experiments-linear"),
+        (f"**{len(rows)} empirical claims, one design.** Each is judged on the models its sentence names by "
+         f"exact sign tests: {found['agrees']} agree, {found['disagrees']} disagree, {found['inconclusive']} "
+         f"are inconclusive" + (f"; {kept['agrees'] + kept['disagrees']} decisive verdicts survive the "
+                                "correction for all claims together." if family else
+                                "; with five seeds per study no verdict can survive the correction for all "
+                                "claims together, so every verdict is provisional."), "#claims-design"),
+        (f"**Five seeds are not enough.** For the inconclusive comparisons, simulation puts the seeds a "
+         f"decision needs at {known[0]} to {known[-1]} (median {statistics.median(known):.0f})"
+         + (f", and beyond 100 for {len(needed) - len(known)} of them" if len(known) < len(needed) else "")
+         + ".", "#claims-seeds"),
+        (f"**The Section 5 layers mostly answer from the query's own token.** Trained on one fixed task per "
+         f"seed, the linear task's normal layer predicts from the query alone with a median loss of "
+         f"{normal['query_alone']:.3f} of the label variance (with its prompt: {normal['intact']:.3f}), so "
+         "the modifications are tested on fitting one map more than on learning in context.", "#context-use"),
+        (f"**Where five seeds already decide** (every seed one way, p = 1/32): {decided_text(decided)}.",
+         "#experiments-verdicts"),
+        (f"**Li et al.'s trained softmax layer** aligns with one gradient step "
+         f"({by_id['li-closeness-cos-n200']['verdict']} at n = 200, Model Cos above 0.95 on every seed) "
+         f"while its loss is {by_id['li-closeness-loss-n200']['effect']:.2f} in log above GD*'s at n = 200; "
+         + smallness_text(by_id["li-smallness"]["effect"]), "closeness_experiment.md"),
+    ]
+    return found_list
+
+
+def markdown(rows, data=None):
+    """The findings as a numbered Markdown list, each ending with a link to where it is shown."""
+    return "\n".join(f"{i}. {text} [Shown here.]({link})"
+                     for i, (text, link) in enumerate(findings(rows, data), 1))

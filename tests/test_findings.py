@@ -1,0 +1,50 @@
+"""The findings at a glance (intro and claims page) say what the saved table and records say."""
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+from icl_lens import findings
+
+DATA = Path(__file__).resolve().parents[1] / "book" / "data"
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return json.loads((DATA / "claims.json").read_text())["claims"]
+
+
+def test_each_number_is_the_one_the_saved_files_give(rows):
+    text = findings.markdown(rows, DATA)
+    verdicts = [row["verdict"] for row in rows]
+    assert (f"{len(rows)} empirical claims" in text and f"{verdicts.count('agrees')} agree, "
+            f"{verdicts.count('disagrees')} disagree, {verdicts.count('inconclusive')} are inconclusive" in text)
+    # the linear normal layer's context use: the median over its seeds, read here from the raw file
+    seeds = json.loads((DATA / "experiments" / "context_use.json").read_text())["tasks"]["linear"]["normal"]
+    alone = statistics.median(seed["query_alone"] for seed in seeds.values())
+    assert f"median loss of {alone:.3f} of the label variance" in text
+    # the seeds a decision needs: the smallest and largest over the inconclusive comparisons
+    needed = sorted(row["seeds_needed"] for row in rows if row["verdict"] == "inconclusive"
+                    and row["p"] is not None and row["seeds_needed"] is not None)
+    assert f"at {needed[0]} to {needed[-1]} " in text
+    # every finding links somewhere, and is numbered
+    assert [int(n) for n in re.findall(r"^(\d+)\. ", text, flags=re.M)] == list(range(1, 7))
+    assert text.count("[Shown here.](") == 6
+
+
+def test_a_changed_verdict_changes_the_findings(rows):
+    before = findings.markdown(rows, DATA)
+    changed = json.loads(json.dumps(rows))
+    flipped = next(row for row in changed if row["verdict"] == "inconclusive")
+    flipped["verdict"] = "agrees"
+    after = findings.markdown(changed, DATA)
+    agree = sum(row["verdict"] == "agrees" for row in rows)
+    assert f"{agree} agree," in before and f"{agree + 1} agree," in after
+
+
+def test_the_smallness_sentence_reads_the_share():
+    assert "none of the prompts" in findings.smallness_text(0)
+    assert "at most 25% of the prompts" in findings.smallness_text(0.25)
