@@ -13,7 +13,7 @@ from icl_lens.bert.glue import TASKS as GLUE_TASKS
 from icl_lens.device import pick
 from icl_lens.reproduce import FIGURES, OUTPUTS_TABLE, reproduce, result_summary
 from icl_lens.results import check_writable_folder, results_dir
-from icl_lens.validation import SEED_LIMIT
+from icl_lens.validation import SEED_LIMIT, check_scheduler
 from icl_lens.validation import check_seeds as check_seed_list
 
 DESCRIPTION = """Regenerate the book's figures and records (reproduce), print every claim of both papers with
@@ -62,6 +62,14 @@ def positive_number(text):
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number")
     return value
+
+
+def scheduler_address(text):
+    """A Dask scheduler's address (``tcp://host:8786``)."""
+    try:
+        return check_scheduler(text, "address")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def device_name(text):
@@ -123,6 +131,9 @@ def run_command(argv):
     command.add_argument("--grow", action="store_true",
                          help="table1: keep the runs of the record in --out and train only those the "
                               "current study adds (more settings, lengths or seeds)")
+    command.add_argument("--scheduler", type=scheduler_address, metavar="ADDRESS",
+                         help="send the training jobs to the Dask cluster of this scheduler (tcp://host:8786) "
+                              "instead of local processes; the records are the same")
     command.add_argument("--out", help="output folder (default results/experiments[-quick])")
     glue = commands.add_parser("glue", help="fine-tune a modified BERT on a GLUE task (Table 1)")
     glue.add_argument("--task", required=True, choices=list(GLUE_TASKS),
@@ -162,7 +173,8 @@ def run_command(argv):
     if args.reuse:   # nothing trains, so the training flags would do nothing
         given = [flag for flag, value in (("--seeds", args.seeds), ("--compile/--no-compile", args.compile),
                                           ("--workers", args.workers), ("--device", args.device),
-                                          ("--grow", args.grow or None)) if value is not None]
+                                          ("--grow", args.grow or None), ("--scheduler", args.scheduler))
+                 if value is not None]
         if given:
             command.error(f"argument {given[0]}: does nothing with --reuse, which never trains; "
                           f"leave out {' and '.join(given)} or --reuse")
@@ -170,7 +182,8 @@ def run_command(argv):
     start = time.perf_counter()
     try:
         written = reproduce(args.figures, out=out, quick=args.quick, device=args.device or "cpu", seeds=args.seeds,
-                            compile=args.compile, reuse=args.reuse, workers=args.workers, grow=args.grow)
+                            compile=args.compile, reuse=args.reuse, workers=args.workers, grow=args.grow,
+                            scheduler=args.scheduler)
     except ValueError as error:   # a missing record, a bad combination, a full disk: one line, no traceback
         fail(error)
     for name, paths in written.items():

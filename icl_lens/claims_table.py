@@ -515,7 +515,8 @@ def markdown(rows, *, links=True):
               "why inconclusive; seeds needed |", "|---|---|---|---|---|"]
 
     def line(row):
-        claim = f"[{row['claim']}]({link(row['section'])})" if links else f"`{row['id']}` {row['claim']}"
+        said = row["claim"].replace("|", "\\|")   # a |alpha| in a claim would end its cell
+        claim = f"[{said}]({link(row['section'])})" if links else f"`{row['id']}` {said}"
         p = "–" if row["p"] is None else f"{row['p']:.2g}"
         if row["p_family"] is not None:
             p += f" ({row['p_family']:.2g})"

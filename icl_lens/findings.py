@@ -4,6 +4,7 @@ saved claims table and records, each linked to the page that shows it.
 Chapters: intro, claims.
 """
 
+import math
 import statistics
 
 from icl_lens import context_use
@@ -14,12 +15,12 @@ SECTION5_TASKS = ("linear", "trigonometric", "exponential")
 
 def decided_text(rows):
     """The decided comparisons in a sentence: Section 5's by claim, Table 1's and Li et al.'s
-    counted."""
+    comparisons counted."""
     section5 = [f"{row['claim']} ({row['task']}, {row['verdict']})" for row in rows
                 if row["task"] in SECTION5_TASKS]
     parts = ["Section 5: " + "; ".join(section5)] if section5 else []
     for name, belongs in (("Table 1's stand-in", lambda r: r["id"].startswith("table1")),
-                          ("Li et al.", lambda r: r["paper"] == "Li et al.")):
+                          ("Li et al.'s comparisons", lambda r: r["paper"] == "Li et al.")):
         group = [row for row in rows if belongs(row)]
         if group:
             parts.append(f"{name}: {sum(r['verdict'] == 'agrees' for r in group)} agree, "
@@ -49,6 +50,9 @@ def findings(rows, data=None):
     needed = [row["seeds_needed"] for row in comparative if row["verdict"] == "inconclusive"]
     known = sorted(n for n in needed if n is not None)
     decided = [row for row in comparative if row["verdict"] != "inconclusive"]
+    # the threshold claims (no seeds to test) that disagree, Section 5's: the random-feature study
+    thresholds = [row for row in rows if row["p"] is None and row["verdict"] == "disagrees"
+                  and row["id"].startswith("random-features") and row["band"] is not None]
     linear = load_result(data / "experiments", "context_use")["tasks"]["linear"]
     normal = context_use.medians(linear["normal"])
     found_list = [
@@ -56,9 +60,9 @@ def findings(rows, data=None):
          f"and Theorem B.1 on trained Transformer layers: the layer's output and its dual model's prediction "
          f"differ by at most {max(row['effect'] for row in identities):.1e} (relative squared gap) over "
          f"{sum(row['n'] for row in identities)} layers.", "#experiments-linear"),
-        (f"**{len(rows)} empirical claims, one design.** Each is judged on the models its sentence names by "
-         f"exact sign tests: {found['agrees']} agree, {found['disagrees']} disagree, {found['inconclusive']} "
-         f"are inconclusive" + (f"; {kept['agrees'] + kept['disagrees']} decisive verdicts survive the "
+        (f"**{len(rows)} empirical claims, one design.** Each is judged on the models its sentence names, a "
+         f"comparison of models by exact sign tests over seeds, a measurement against its own threshold: "
+         f"{found['agrees']} agree, {found['disagrees']} disagree, {found['inconclusive']} are inconclusive" + (f"; {kept['agrees'] + kept['disagrees']} decisive verdicts survive the "
                                 "correction for all claims together." if family else
                                 "; with five seeds per study no verdict can survive the correction for all "
                                 "claims together, so every verdict is provisional."), "#claims-design"),
@@ -66,15 +70,18 @@ def findings(rows, data=None):
          f"decision needs at {known[0]} to {known[-1]} (median {statistics.median(known):.0f})"
          + (f", and beyond 100 for {len(needed) - len(known)} of them" if len(known) < len(needed) else "")
          + ".", "#claims-seeds"),
-        (f"**The Section 5 layers mostly answer from the query's own token.** Trained on one fixed task per "
-         f"seed, the linear task's normal layer predicts from the query alone with a median loss of "
+        (f"**The linear task's Section 5 layers answer from the query's own token.** Trained on one fixed "
+         f"task per seed, the linear task's normal layer predicts from the query alone with a median loss of "
          f"{normal['query_alone']:.3f} of the label variance (with its prompt: {normal['intact']:.3f}), so "
          "the modifications are tested on fitting one map more than on learning in context.", "#context-use"),
-        (f"**Where five seeds already decide** (every seed one way, p = 1/32): {decided_text(decided)}.",
-         "#experiments-verdicts"),
+        (f"**The comparisons five seeds already decide**: {decided_text(decided)}.", "#experiments-verdicts"),
+        (f"**Measurements that miss the paper's claim**: " + "; ".join(
+            f"{row['claim']} (measured {row['effect']:.2g} against {row['band']:.2g})" for row in thresholds)
+         + ".", "#experiments-random-features"),
         (f"**Li et al.'s trained softmax layer** aligns with one gradient step "
          f"({by_id['li-closeness-cos-n200']['verdict']} at n = 200, Model Cos above 0.95 on every seed) "
-         f"while its loss is {by_id['li-closeness-loss-n200']['effect']:.2f} in log above GD*'s at n = 200; "
+         f"while its loss is {math.exp(by_id['li-closeness-loss-n200']['effect']):.1f} times GD*'s (one "
+         f"gradient step at its best learning rate) at n = 200; "
          + smallness_text(by_id["li-smallness"]["effect"]), "closeness_experiment.md"),
     ]
     return found_list

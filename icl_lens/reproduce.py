@@ -65,6 +65,7 @@ from icl_lens.figures import theory as theory_figures
 from icl_lens.results import (NUMBER, RecordError, check_writable_folder, load_result, repository_root,
                               results_dir, save_result, to_plain, write_json)
 from icl_lens.studies import across_tasks, ffn_rank, li_et_al, section5, section5_claims, table1
+from icl_lens.validation import check_scheduler
 
 ALL_TASKS = ("linear", "trigonometric", "exponential")
 PANELS = ("regularized", "augmented", "negative")
@@ -92,10 +93,10 @@ class Run:
     ``out``) the first time an output asks for it; ``reproduce all`` trains the three tasks
     together (:meth:`tasks`) before its first output."""
 
-    def __init__(self, out, *, quick, device, seeds, compile, reuse, workers, log, grow=False):
+    def __init__(self, out, *, quick, device, seeds, compile, reuse, workers, log, grow=False, scheduler=None):
         self.out, self.quick, self.device, self.seeds = out, quick, device, seeds
         self.compile, self.reuse, self.workers, self.log = compile, reuse, workers, log
-        self.grow = grow
+        self.grow, self.scheduler = grow, scheduler
         self.written, self._tasks, self._shared = {}, {}, {}
 
     def save(self, key, file, record, figure=None):
@@ -138,7 +139,8 @@ class Run:
                          f"(its jobs' time over {self.workers} worker(s))")
 
             section5.run_experiments(configs, device=self.device, progress=self.log is not None,
-                                     compile=self.compile, workers=self.workers, finished=finished)
+                                     compile=self.compile, workers=self.workers, finished=finished,
+                                     scheduler=self.scheduler)
             self.say(f"{' + '.join(missing)} (one pool): {time.perf_counter() - start:.1f} s")
         return {kind: self._tasks[kind] for kind in kinds}
 
@@ -264,7 +266,8 @@ def context_use_output(run):
         study = study.quick() if run.quick else study
         if run.seeds is not None:
             study = replace(study, seeds=tuple(run.seeds))
-        return across_tasks.context_use_study(study, device=run.device, workers=run.workers)
+        return across_tasks.context_use_study(study, device=run.device, workers=run.workers,
+                                              scheduler=run.scheduler)
 
     def compute():   # the task records' part is read from them, so it follows a retrained task
         return {"measures": context_use.MEASURES,
@@ -284,7 +287,8 @@ def temperature_check(run):
             config = replace(config, seeds=tuple(run.seeds))
         config = config.quick() if run.quick else config
         return judged(section5.run_experiment(config, device=run.device, progress=run.log is not None,
-                                              compile=run.compile, workers=run.workers))
+                                              compile=run.compile, workers=run.workers,
+                                              scheduler=run.scheduler))
 
     def judged(record):
         record["convergence"] = section5.convergence(record)   # a reused record: by the current criterion
@@ -308,7 +312,8 @@ def convergence_study(run):
             study["criterion"] = section5.criteria(study["record"])
     else:
         studies = section5.convergence_studies(section5.POOL_ORDER, quick=run.quick, device=run.device,
-                                               workers=run.workers, compile=run.compile, progress=run.log is not None)
+                                               workers=run.workers, compile=run.compile, progress=run.log is not None,
+                                               scheduler=run.scheduler)
         studies = {kind: studies[kind] for kind in section5.EXPERIMENTS}   # the figure's order
     return run.save("convergence", "convergence", studies, section5_figures.convergence_figure(studies))
 
@@ -368,7 +373,7 @@ def chapter_study(name):
                                      "or optimiser, so none of its runs can be reused; train it anew without --grow")
             start = time.perf_counter()
             record = study.module.run_study(config, device=run.device, progress=run.log is not None,
-                                            workers=run.workers, **lent)
+                                            workers=run.workers, scheduler=run.scheduler, **lent)
             run.say(f"{name}: {time.perf_counter() - start:.1f} s")
         paths = run.save(name, study.file, record, study.figure(record, title=study_title(name, record)))
         # judged on the record as saved (JSON sorts its keys), as the chapter reads it back
@@ -430,7 +435,7 @@ OUTPUTS = ("fig3", "fig6-8", "fig9", "fig10", "fig11", "fig12", "fig13", "fig14"
 
 
 def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None, reuse=False, workers=None,
-              log=sys.stderr, grow=False):
+              log=sys.stderr, grow=False, scheduler=None):
     """Write the named outputs of :data:`OUTPUTS_TABLE` (or ``"all"``: every one that is part of
     it) under ``out``; return {name: paths written}.
 
@@ -441,6 +446,8 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
     a record it needs and does not find is a :class:`icl_lens.results.RecordError` naming the
     command that makes it; ``grow=True``
     (Table 1) keeps a saved record's runs and trains only those the current configuration adds.
+    ``scheduler``, a Dask scheduler's address, sends the training jobs to that cluster
+    (:func:`icl_lens.training.loop.run_jobs`): the same records as the local pool of ``workers``.
     """
     everything = "all" in names
     names = list(FIGURES) + [n for n in names if n in OUTPUTS_TABLE and n not in FIGURES] \
@@ -450,6 +457,9 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
         raise ValueError(f"unknown figure(s) {unknown}; choose from {list(OUTPUTS_TABLE)} or 'all'")
     if grow and reuse:
         raise ValueError("--grow trains what the saved record lacks, --reuse never trains: give one of them")
+    check_scheduler(scheduler)
+    if scheduler is not None and reuse:
+        raise ValueError("--scheduler sends training jobs, --reuse never trains: give one of them")
     if grow and [n for n in names if n not in GROWS]:
         raise ValueError(f"--grow applies to {', '.join(GROWS)} only, not {', '.join(n for n in names if n not in GROWS)}")
     if reuse and not Path(out).is_dir():
@@ -461,7 +471,7 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
     if workers is None:
         workers = 2 if (not quick and device.type == "cpu") else 1
     run = Run(out, quick=quick, device=device, seeds=seeds, compile=compile, reuse=reuse, workers=workers, log=log,
-              grow=grow)
+              grow=grow, scheduler=scheduler)
     try:
         if everything:
             run.tasks()   # the three tasks in one pool, before the first output asks for one of them

@@ -51,6 +51,16 @@ def check_positive_int(value, name):
     return value
 
 
+def check_scheduler(value, name="scheduler"):
+    """A Dask scheduler's address, ``tcp://host:port`` (or another of distributed's protocols), or
+    None for the local process pool."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or "://" not in value or not value.split("://", 1)[1].strip():
+        raise ValueError(f"{name} must be a Dask scheduler address such as tcp://host:8786, got {value!r}")
+    return value
+
+
 def check_positive_float(value, name):
     try:
         if isinstance(value, (bool, str, bytes)):   # float("0.1") would pass a string on

@@ -15,7 +15,7 @@ fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || [ ! -f _vendor/require.js ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
     # torch==2.13.0 is pinned in pyproject.toml: an unpinned torch would pull a multi-GB CUDA build
-    .venv/bin/python -m pip install --quiet -e ".[book,test,bert]"
+    .venv/bin/python -m pip install --quiet -e ".[book,test,bert,cluster]"
     (cd js && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
     mkdir -p _vendor
     cp js/node_modules/requirejs/require.js _vendor/require.js

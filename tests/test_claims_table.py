@@ -219,3 +219,14 @@ def test_an_exact_identity_is_checked_by_its_verdict_not_its_round_off():
     moved = {**paired, "measured": {"effect": 0.2000001}}
     with pytest.raises(ValueError, match="differing: measured"):
         check_saved([moved], [paired], "claims.json", "rewrite")
+
+
+def test_a_bar_in_a_claim_does_not_split_its_row(rows):
+    """Claims may write |alpha|: every line of every grouped table keeps the header's cells."""
+    import re
+
+    text = claims_table.markdown([row for row in rows if row["verdict"] != "not run"])
+    assert any("\\|alpha\\|" in line for line in text.splitlines())
+    for line in text.splitlines():
+        if line.startswith("|"):
+            assert len(re.findall(r"(?<!\\)\|", line)) == 6, line

@@ -61,7 +61,10 @@ BAD = [   # (argv, the argument the message must name, environment)
     *((["reproduce", "fig3", "--out", out], "--out", {}) for out in (FILE, FILE + "/sub", "", "  ", "a\0b")),
     *((["reproduce", "fig3", "--reuse", *flag, "--out", "{tmp}"], name, {}) for flag, name in (
         (["--seeds", "7"], "--seeds"), (["--compile"], "--compile"), (["--no-compile"], "--compile"),
-        (["--workers", "1"], "--workers"), (["--device", "cpu"], "--device"), (["--grow"], "--grow"))),
+        (["--workers", "1"], "--workers"), (["--device", "cpu"], "--device"), (["--grow"], "--grow"),
+        (["--scheduler", "tcp://localhost:8786"], "--scheduler"))),
+    *((["reproduce", "fig3", "--scheduler", address], "--scheduler", {})
+      for address in ("localhost:8786", "tcp://", "", "  ", "8786")),
     *((["reproduce", name, "--grow", "--out", "{tmp}/out"], "--grow", {})
       for name in ("fig3", "all", "claims", "multitask", "softmax-regression", "fig14")),
     *((["reproduce", *names], "FIGURE", {}) for names in (["fig2"], [""], ["FIG3"], ["fig", "3"], ["fig3", "x"])),

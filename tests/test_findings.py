@@ -1,6 +1,7 @@
 """The findings at a glance (intro and claims page) say what the saved table and records say."""
 
 import json
+import math
 import re
 import statistics
 from pathlib import Path
@@ -31,8 +32,15 @@ def test_each_number_is_the_one_the_saved_files_give(rows):
                     and row["p"] is not None and row["seeds_needed"] is not None)
     assert f"at {needed[0]} to {needed[-1]} " in text
     # every finding links somewhere, and is numbered
-    assert [int(n) for n in re.findall(r"^(\d+)\. ", text, flags=re.M)] == list(range(1, 7))
-    assert text.count("[Shown here.](") == 6
+    assert [int(n) for n in re.findall(r"^(\d+)\. ", text, flags=re.M)] == list(range(1, 8))
+    assert text.count("[Shown here.](") == 7
+    # every random-feature measurement that misses its threshold is named, with its numbers
+    for row in rows:
+        if row["id"].startswith("random-features") and row["verdict"] == "disagrees":
+            assert f"{row['claim']} (measured {row['effect']:.2g} against {row['band']:.2g})" in text
+    # Li et al.'s loss as a ratio: exp of the saved log ratio
+    loss = next(row for row in rows if row["id"] == "li-closeness-loss-n200")
+    assert f"{math.exp(loss['effect']):.1f} times GD*'s" in text
 
 
 def test_a_changed_verdict_changes_the_findings(rows):

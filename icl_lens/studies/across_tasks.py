@@ -260,10 +260,10 @@ def run_context_use(study, setting, seed, *, device="cpu"):
     return context_use_of_layer(layer, distribution, test, seed)
 
 
-def context_use_study(study=StudyConfig(), *, device="cpu", workers=1):
+def context_use_study(study=StudyConfig(), *, device="cpu", workers=1, scheduler=None):
     """{setting: {seed: context use}} for :data:`CONTEXT_SETTINGS` over the study's seeds."""
     jobs = [(study, setting, seed) for setting in CONTEXT_SETTINGS for seed in study.seeds]
-    found = run_jobs(run_context_use, jobs, device=device, workers=workers)
+    found = run_jobs(run_context_use, jobs, device=device, workers=workers, scheduler=scheduler)
     return {setting: {str(seed): found[i * len(study.seeds) + j] for j, seed in enumerate(study.seeds)}
             for i, setting in enumerate(CONTEXT_SETTINGS)}
 
@@ -277,7 +277,7 @@ class StudyRecord(TypedDict):
     settings: dict
 
 
-def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1):
+def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1, scheduler=None):
     """(a) von Oswald's setting, linear attention; (b) the paper's linear task drawn per prompt, the
     three layers (one head and, for linear attention, two); (c) the paper's own optimiser (SGD at
     0.003, one prompt a step) on (b)'s prompts with the paper's random-feature layer.
@@ -289,7 +289,7 @@ def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1):
     shown = progress and workers == 1
     runs = run_jobs(run_one, [(study, *settings[name], seed, f"{name} seed {seed}, run {i} of {len(names)}" if shown
                                else False) for i, (name, seed) in enumerate(names, 1)],
-                    device=device, workers=workers)
+                    device=device, workers=workers, scheduler=scheduler)
     record = {"study": asdict(study), "settings": {}}
     for (name, _), run in zip(names, runs):
         distribution = settings[name][0]

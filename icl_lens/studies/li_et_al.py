@@ -240,7 +240,7 @@ class StudyRecord(TypedDict):
     dims: dict                      # str(d) -> {"softmax": [run per seed]} (SWEEP_KEYS only)
 
 
-def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1):
+def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1, scheduler=None):
     """Both layers for every document length (at d), and the softmax layer for every d (at the
     first length), over the seeds: training curves of the measures, baselines, the convergence
     criterion, the theorem. The longest documents train first, so that workers finish together."""
@@ -250,7 +250,7 @@ def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1):
     jobs += [("dims", str(d), (study, study.lengths[0], d, "softmax", seed, study.steps[0], False))
              for d in study.dims if d != study.d for seed in study.seeds]
     runs = run_jobs(run_one, [(*job, progress and workers == 1) for *_, job in jobs], device=device,
-                    workers=workers)
+                    workers=workers, scheduler=scheduler)
     record = {"study": asdict(study), "lengths": {}, "dims": {}}
     for (part, key, job), run in zip(jobs, runs):
         record[part].setdefault(key, {}).setdefault(job[3], []).append(run)

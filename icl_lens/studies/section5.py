@@ -439,7 +439,8 @@ def ensemble_cost(variants):
 POOL_ORDER = ("exponential", "linear", "trigonometric")
 
 
-def run_experiment(config, *, device="cpu", progress=True, compile=False, variants=None, workers=1):
+def run_experiment(config, *, device="cpu", progress=True, compile=False, variants=None, workers=1,
+                   scheduler=None):
     """Train every variant of ``config`` for every seed; return a JSON-ready :class:`TaskRecord`.
 
     With ``workers=1`` all seeds train as one ensemble on ``device`` (the form for a GPU). With
@@ -456,15 +457,18 @@ def run_experiment(config, *, device="cpu", progress=True, compile=False, varian
     ``config.variants()``, a list of :class:`Variant`. The record holds, per model, the training
     loss of every epoch and the test loss at every checkpoint (``test_curve``, on the seed's fixed
     test set), and per seed the baselines of :func:`baseline_losses` on that test set and the
-    trained W_Q, W_K, W_V of its normal model.
+    trained W_Q, W_K, W_V of its normal model. ``scheduler``: the address of a Dask scheduler that
+    takes the jobs instead of local processes (:func:`icl_lens.training.loop.run_jobs`; the same
+    records).
     """
     records, _ = run_experiments([config], device=device, progress=progress, compile=compile,
-                                 variants=None if variants is None else [variants], workers=workers)
+                                 variants=None if variants is None else [variants], workers=workers,
+                                 scheduler=scheduler)
     return records[0]
 
 
 def run_experiments(configs, *, device="cpu", progress=True, compile=False, variants=None, workers=1,
-                    finished=None):
+                    finished=None, scheduler=None):
     """:func:`run_experiment` for several configs (the tasks of a full run) with one pool: the
     jobs of every config go to the same ``workers`` processes, config by config in the order
     given, each config's costliest first, so that no process waits for the other between two
@@ -505,7 +509,7 @@ def run_experiments(configs, *, device="cpu", progress=True, compile=False, vari
 
     # config by config (two equal configs keep their places), each config's costliest first
     costs = [(-index, ensemble_cost(job[1])) for job, index in zip(jobs, owner)]
-    run_jobs(train_seeds, jobs, device=device, workers=workers, costs=costs, done=collect)
+    run_jobs(train_seeds, jobs, device=device, workers=workers, costs=costs, done=collect, scheduler=scheduler)
     return records, seconds
 
 
@@ -558,7 +562,7 @@ LONG_RUN = 2     # the convergence study trains the normal models this many time
 
 
 def convergence_studies(kinds, *, quick=False, epochs=None, device="cpu", workers=2, compile=True,
-                        progress=False):
+                        progress=False, scheduler=None):
     """{kind: study} for each of ``kinds``: only the normal model of each seed, at the task's
     settings, trained ``LONG_RUN`` times the saved run's epochs (or ``epochs``), with the runs of
     1/4, 1/2 and 3/4 of that length copied off: does the loss, and the criterion's verdict, keep
@@ -575,7 +579,7 @@ def convergence_studies(kinds, *, quick=False, epochs=None, device="cpu", worker
         longs.append(replace(config, epochs=length, checkpoints=min(length, 80), shorter_runs=lengths))
     normal = [[Variant("normal", Modification(), config.lr_normal)] for config in configs]
     records, _ = run_experiments(longs, device=device, workers=workers, compile=compile, progress=progress,
-                                 variants=normal)
+                                 variants=normal, scheduler=scheduler)
     return {kind: {"task": kind, "saved_run_epochs": config.epochs, "record": record, "criterion": criteria(record)}
             for kind, config, record in zip(kinds, configs, records)}
 

@@ -190,7 +190,7 @@ def linear_probe(study, device="cpu"):
     return metrics(config.task, torch.stack([-logits, logits], dim=1) / 2, labels)
 
 
-def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1, previous=None):
+def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1, previous=None, scheduler=None):
     """Every setting and seed of ``study`` (the longer settings also with ``longer_epochs``, the
     normal model also with ``check_epochs``), the baselines, and each setting against the normal
     model of its seed. JSON-ready.
@@ -209,7 +209,7 @@ def run_study(study=StudyConfig(), *, device="cpu", progress=False, workers=1, p
     # a run's time grows with its epochs: the longest are handed out first
     pending = [job for job in jobs if job[1:4] not in done]
     trained = iter(run_jobs(fine_tune_one, pending, device=device, workers=workers,
-                            costs=[job[3] for job in pending]))
+                            costs=[job[3] for job in pending], scheduler=scheduler))
     runs = [done[job[1:4]] if job[1:4] in done else next(trained) for job in jobs]
     metric = TASKS[study.task][3][0]
     record = {"study": {**asdict(study), "settings": list(study.settings), "seeds": list(study.seeds),

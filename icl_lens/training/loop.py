@@ -9,6 +9,7 @@ are then the same run until the shorter one starts to decay, so the shorter one 
 longer one there (:func:`fork_point`, :func:`fork`) and costs ``decay_fraction`` of a run.
 """
 
+import contextlib
 import copy
 import math
 import multiprocessing
@@ -17,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 import torch
 
 from icl_lens.device import pick
-from icl_lens.validation import check_positive_int
+from icl_lens.validation import check_positive_int, check_scheduler
 
 
 def sgd_step(parameters, lr):
@@ -188,7 +189,7 @@ def train(model, data, *, steps, epochs, lr, step_errors, schedule=None, first_e
     return torch.stack(history) if history else torch.empty(0, len(model.seeds), dtype=torch.float64)
 
 
-def run_jobs(function, jobs, *, device="cpu", workers=1, costs=None, done=None):
+def run_jobs(function, jobs, *, device="cpu", workers=1, costs=None, done=None, scheduler=None):
     """``[function(*job, device=device) for job in jobs]``; with ``workers > 1`` (CPU only) in that
     many spawned processes that share the CPU's threads equally. Every draw of the studies is
     seeded, so a job gives the same numbers in any process and in any order. ``costs``, where
@@ -196,24 +197,28 @@ def run_jobs(function, jobs, *, device="cpu", workers=1, costs=None, done=None):
     workers take the longest first, so that none is left with a long job at the end while the
     others wait; the results keep the jobs' order.
     ``done(i, result)``, where given, is called in this process as each job ends (job ``i`` of
-    ``jobs``, in the order they end), so that a caller can save what is finished before the rest."""
+    ``jobs``, in the order they end), so that a caller can save what is finished before the rest.
+    ``scheduler``, the address of a Dask scheduler (``tcp://host:8786``), sends the jobs to that
+    cluster through distributed's ``concurrent.futures`` executor instead of local processes, each
+    job pinned to the threads a local worker would have, so that the numbers are the local pool's."""
     check_positive_int(workers, "workers")
+    check_scheduler(scheduler)
     if costs is not None and len(costs) != len(jobs):
         raise ValueError(f"costs must hold one value a job, got {len(costs)} for {len(jobs)} jobs")
     device = pick(device)
     results = [None] * len(jobs)
-    if workers == 1:
+    if workers == 1 and scheduler is None:
         for i, job in enumerate(jobs):
             results[i] = function(*job, device=device)
             if done is not None:
                 done(i, results[i])
         return results
     if device.type != "cpu":
-        raise ValueError(f"workers > 1 trains on the CPU; use workers=1 with device={str(device)!r}")
+        raise ValueError(f"workers > 1 and a scheduler train on the CPU; use workers=1 with device={str(device)!r}")
     threads = max(1, torch.get_num_threads() // workers)
     # a stable sort: jobs of one cost keep their order
     order = sorted(range(len(jobs)), key=lambda i: costs[i], reverse=True) if costs else range(len(jobs))
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with _pool(workers, scheduler) as pool:
         # the pool hands out jobs in the order they are submitted
         futures = {pool.submit(_in_worker, function, jobs[i], threads): i for i in order}
         for future in as_completed(futures):
@@ -222,6 +227,21 @@ def run_jobs(function, jobs, *, device="cpu", workers=1, costs=None, done=None):
             if done is not None:
                 done(i, results[i])
     return results
+
+
+@contextlib.contextmanager
+def _pool(workers, scheduler):
+    """The local pool of ``workers`` spawned processes, or a Dask cluster's executor."""
+    if scheduler is None:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            yield pool
+        return
+    try:
+        from distributed import Client
+    except ImportError as error:
+        raise ValueError("scheduler needs Dask's distributed package: pip install -e '.[cluster]'") from error
+    with Client(scheduler) as client:
+        yield client.get_executor()
 
 
 def _in_worker(function, job, threads):
