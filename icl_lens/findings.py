@@ -76,7 +76,8 @@ def findings(rows, data=None):
          "the modifications are tested on fitting one map more than on learning in context.", "#context-use"),
         (f"**The comparisons five seeds already decide**: {decided_text(decided)}.", "#experiments-verdicts"),
         (f"**Measurements that miss the paper's claim**: " + "; ".join(
-            f"{row['claim']} (measured {row['effect']:.2g} against {row['band']:.2g})" for row in thresholds)
+            f"{row['claim'].split(' (read:')[0]} (measured {row['effect']:.2g} against {row['band']:.2g})"
+            for row in thresholds)
          + ".", "#experiments-random-features"),
         (f"**Li et al.'s trained softmax layer** aligns with one gradient step "
          f"({by_id['li-closeness-cos-n200']['verdict']} at n = 200, Model Cos above 0.95 on every seed) "
