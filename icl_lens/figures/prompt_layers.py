@@ -9,7 +9,7 @@ import math
 import matplotlib.pyplot as plt
 import torch
 
-from icl_lens.figures.style import COLUMN, integer_ticks, median_band, styled
+from icl_lens.figures.style import COLUMN, CURVES, LAYER_COLOURS, integer_ticks, median_band, styled
 from icl_lens.studies import li_et_al
 from icl_lens.training.prompt_layer import reported_value
 
@@ -27,6 +27,14 @@ def _steps_panel(axis, entry, key, *, scale, label, colour):
 
 
 @styled
+def setting_colours(settings):
+    """{setting: colour}: "paper task (<layer>)" in its layer's colour (:data:`LAYER_COLOURS`, as in
+    Li et al.'s figure), every other setting in the next colour no layer has."""
+    spare = iter(c for c in CURVES if c not in LAYER_COLOURS.values())
+    return {name: LAYER_COLOURS.get(name.removeprefix("paper task (").removesuffix(")")) or next(spare)
+            for name in settings}
+
+
 def across_tasks_figure(record, *, title):
     """Across tasks: (a) von Oswald's setting, test loss and Model Cos against steps; (b) the paper's
     task drawn per prompt, every layer's test loss; (c) loss against the number of demonstrations;
@@ -34,9 +42,9 @@ def across_tasks_figure(record, *, title):
     A setting has one colour in every panel; one legend under the figure names them all."""
     figure, axes = plt.subplots(2, 2, figsize=(COLUMN, 7.8))
     settings = record["settings"]
-    colours = dict(zip(settings, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
-    panels = (("(a) von Oswald et al.'s setting (d = 10, N = 10)", ["von Oswald (linear attention)"]),
-              ("(b) the paper's linear task, a new $w$ per prompt",
+    colours = setting_colours(settings)
+    panels = (("(a) von Oswald et al.'s setting\n(d = 10, N = 10)", ["von Oswald (linear attention)"]),
+              ("(b) the paper's linear task,\na new $w$ per prompt",
                [n for n in settings if n.startswith("paper task (") and "SGD" not in n]),
               (None, None),
               ("(d) SGD at lr 0.003, one prompt a step", ["paper task (paper's SGD)"]))
@@ -99,7 +107,7 @@ def softmax_layer_figure(record, *, title):
     lengths = list(li_et_al.in_numeric_order(record["lengths"]))
     figure = plt.figure(figsize=(COLUMN, 2.6 * (2 * len(lengths) + 1)))
     grid = figure.add_gridspec(2 * len(lengths) + 1, 2)
-    colours = dict(zip(("softmax", "linear"), plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    colours = LAYER_COLOURS
     for row, n in enumerate(lengths):
         for place, (key, label) in enumerate(CLOSENESS_MEASURES):
             axis = figure.add_subplot(grid[2 * row + place // 2, place % 2])

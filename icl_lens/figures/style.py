@@ -17,6 +17,8 @@ COLUMN = 8.0   # inches: the book's text column shows a figure this wide at abou
 # fonts sized for that column: 9 pt on an 8-inch figure reads as about 12 px on the page
 # the curves' colours: matplotlib's tab10 without its grey, which the baselines use
 CURVES = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
+# one colour a kind of attention layer wherever the book draws it (across tasks, Li et al.)
+LAYER_COLOURS = {"linear": CURVES[0], "softmax": CURVES[1], "random-features": CURVES[2]}
 STYLE = {"font.size": 9, "axes.titlesize": 9.5, "axes.labelsize": 9, "legend.fontsize": 8,
          "xtick.labelsize": 8, "ytick.labelsize": 8, "figure.titlesize": 10,
          "axes.prop_cycle": cycler(color=CURVES)}
