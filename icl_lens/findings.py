@@ -62,10 +62,11 @@ def findings(rows, data=None):
          f"{sum(row['n'] for row in identities)} layers.", "#experiments-linear"),
         (f"**{len(rows)} empirical claims, one design.** Each is judged on the models its sentence names, a "
          f"comparison of models by exact sign tests over seeds, a measurement against its own threshold: "
-         f"{found['agrees']} agree, {found['disagrees']} disagree, {found['inconclusive']} are inconclusive" + (f"; {kept['agrees'] + kept['disagrees']} decisive verdicts survive the "
-                                "correction for all claims together." if family else
-                                "; with five seeds per study no verdict can survive the correction for all "
-                                "claims together, so every verdict is provisional."), "#claims-design"),
+         f"{found['agrees']} agree, {found['disagrees']} disagree, {found['inconclusive']} are inconclusive"
+         + (f"; {kept['agrees'] + kept['disagrees']} decisive verdicts survive the correction for all claims "
+            "together." if family else
+            "; with five seeds per study no verdict can survive the correction for all claims together, so "
+            "every verdict is provisional."), "#claims-design"),
         (f"**Five seeds are not enough.** For the inconclusive comparisons, simulation puts the seeds a "
          f"decision needs at {known[0]} to {known[-1]} (median {statistics.median(known):.0f})"
          + (f", and beyond 100 for {len(needed) - len(known)} of them" if len(known) < len(needed) else "")

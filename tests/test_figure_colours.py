@@ -17,3 +17,22 @@ def test_the_paper_tasks_layers_take_their_layers_colours_and_no_two_settings_sh
     # the others take the colours no layer has, in order
     spare = [c for c in CURVES if c not in LAYER_COLOURS.values()]
     assert [colours[name] for name in SETTINGS if colours[name] not in LAYER_COLOURS.values()] == spare[:3]
+
+
+def test_the_across_tasks_figure_is_drawn_in_the_books_style():
+    """Every figure function is built inside the book's style (fonts sized for the column); a
+    decorator that slipped onto a helper once left this one in matplotlib's defaults."""
+    import json
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    from icl_lens.figures.prompt_layers import across_tasks_figure
+    from icl_lens.figures.style import STYLE
+
+    record = json.loads((Path(__file__).resolve().parents[1] / "book" / "data" / "multitask"
+                         / "multitask.json").read_text())
+    figure = across_tasks_figure(record, title="t")
+    assert figure.axes[0].title.get_fontsize() == STYLE["axes.titlesize"]
+    assert figure.axes[0].xaxis.label.get_fontsize() == STYLE["axes.labelsize"]
+    plt.close(figure)

@@ -26,7 +26,6 @@ def _steps_panel(axis, entry, key, *, scale, label, colour):
     median_band(axis, steps, values, color=colour, label=label)
 
 
-@styled
 def setting_colours(settings):
     """{setting: colour}: "paper task (<layer>)" in its layer's colour (:data:`LAYER_COLOURS`, as in
     Li et al.'s figure), every other setting in the next colour no layer has."""
@@ -35,6 +34,7 @@ def setting_colours(settings):
             for name in settings}
 
 
+@styled
 def across_tasks_figure(record, *, title):
     """Across tasks: (a) von Oswald's setting, test loss and Model Cos against steps; (b) the paper's
     task drawn per prompt, every layer's test loss; (c) loss against the number of demonstrations;
