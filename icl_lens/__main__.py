@@ -120,7 +120,8 @@ def run_command(argv):
     command.add_argument("--quick", action="store_true", help="small sizes (tests, CI)")
     command.add_argument("--device", type=device_name, help="cpu (default), cuda, cuda:N, or auto")
     command.add_argument("--seeds", type=seed, nargs="+",
-                         help="seeds of the training runs, distinct, in [0, 2**32) (default 0 1 2 3 4)")
+                         help="seeds of the training runs, distinct, in [0, 2**32) (default: Section 5 draws "
+                              "seeds until --deciding-seeds pass its screen)")
     command.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                          help="train through torch.compile (default: on in full mode, off with --quick)")
     command.add_argument("--workers", type=positive_int,
@@ -129,8 +130,11 @@ def run_command(argv):
                          help="draw from the records already in --out instead of training; never trains (a "
                               "missing record is an error naming the command that makes it)")
     command.add_argument("--grow", action="store_true",
-                         help="table1: keep the runs of the record in --out and train only those the "
-                              "current study adds (more settings, lengths or seeds)")
+                         help="keep the finished runs in --out and train only those missing: table1's new "
+                              "settings, lengths or seeds; the Section 5 tasks' new seeds or the jobs an "
+                              "interrupted run left (its journal)")
+    command.add_argument("--deciding-seeds", type=positive_int, metavar="N",
+                         help="Section 5: draw seeds until N pass the screen (default 20)")
     command.add_argument("--scheduler", type=scheduler_address, metavar="ADDRESS",
                          help="send the training jobs to the Dask cluster of this scheduler (tcp://host:8786) "
                               "instead of local processes; the records are the same")
@@ -173,7 +177,8 @@ def run_command(argv):
     if args.reuse:   # nothing trains, so the training flags would do nothing
         given = [flag for flag, value in (("--seeds", args.seeds), ("--compile/--no-compile", args.compile),
                                           ("--workers", args.workers), ("--device", args.device),
-                                          ("--grow", args.grow or None), ("--scheduler", args.scheduler))
+                                          ("--grow", args.grow or None), ("--scheduler", args.scheduler),
+                                          ("--deciding-seeds", args.deciding_seeds))
                  if value is not None]
         if given:
             command.error(f"argument {given[0]}: does nothing with --reuse, which never trains; "
@@ -183,7 +188,7 @@ def run_command(argv):
     try:
         written = reproduce(args.figures, out=out, quick=args.quick, device=args.device or "cpu", seeds=args.seeds,
                             compile=args.compile, reuse=args.reuse, workers=args.workers, grow=args.grow,
-                            scheduler=args.scheduler)
+                            scheduler=args.scheduler, deciding_seeds=args.deciding_seeds)
     except ValueError as error:   # a missing record, a bad combination, a full disk: one line, no traceback
         fail(error)
     for name, paths in written.items():

@@ -27,7 +27,7 @@ VOCABULARY = statistics.VERDICTS
 FIELDS = ("id", "paper", "where", "claim", "sentence", "task", "quantity", "kind", "scope", "compared", "verdict",
           "effect", "lower", "upper", "coverage", "unit", "band", "n", "p", "p_family", "survives_family",
           "cannot_decide", "why", "seeds_needed", "seeds_apart", "noise_floor", "at_budget", "other_reading",
-          "section", "reading", "context", "without_temperature")
+          "area_reading", "paper_learning_rate", "section", "reading", "context", "without_temperature")
 KIND_TEXT = {"directional": "directional: L > 0 and effect >= band agrees, U < band disagrees",
              "slightly": "slightly: L > 0 agrees, U <= 0 disagrees",
              "comparable": "comparable: -band < L and U < band agrees (two one-sided tests), L > band or U < -band "
@@ -67,6 +67,8 @@ class Row(TypedDict):
     noise_floor: float | None      # Section 5: median |twin - normal| on the claim's measure
     at_budget: str | None          # a final result on a task whose normal model has not converged
     other_reading: str | None      # Section 5 alpha rows: the constant reading's verdict (outside the counts)
+    area_reading: str | None       # Section 5 speed rows: the area reading's verdict (a note, outside the counts)
+    paper_learning_rate: str | None   # linear rows: the paper's own comparison (its normal at 0.003), a note
     section: str                   # the chapter (and anchor) that shows it
     reading: str                   # the measurement in the study's own words
     context: str | None            # Section 5: how the variant differs in context use
@@ -131,8 +133,8 @@ def comparative_section5(claim, records):
     """The fields of a Section 5 comparative row."""
     m, d, record = claim["measurement"], claim["decision"], records[claim["task"]]
     speed = claim["quantity"].startswith("speed")
-    unit = ("mean log loss before the decay, other - variant" if speed and claim["direction"] == "lower" else
-            "mean log loss before the decay, variant - other" if speed else
+    unit = ("log(other / variant) of the time to level" if speed and claim["direction"] == "lower" else
+            "log(variant / other) of the time to level" if speed else
             "log(other / variant) of the final loss" if claim["direction"] == "lower" else
             "log(variant / other) of the final loss")
     compared = "; ".join(f"{a} against {b}" for a, b in claim["settings"])
@@ -162,13 +164,22 @@ def comparative_section5(claim, records):
                             f"with the normal model, of {d['n']}: McNemar p = {d['p_agree']:.2g}; the exact upper "
                             f"bound of the share, {d['upper']:.2f}, is not below {d['band']}")
         found["seeds_needed"] = simulated_seeds(claim, record)
-    if claim["quantity"] == "final" and not record["convergence"]["converged"]:
+    converged = section5.convergence(record)   # by the current criterion, whatever the record saved
+    if claim["quantity"] == "final" and not converged["converged"]:
         normal = [section5.normalised_loss(record, model) for model in record["models"]
                   if model["group"] == "normal" and model["lr"] == record["config"]["lr_normal"]]
         level = (math.exp(section5_claims.BAND) - 1) * statistics.median(normal)
-        found["at_budget"] = (f"at this budget: the {claim['task']} task's normal model has not converged (training "
-                              f"twice as long moves its loss by {record['convergence']['median_move']:.2f} in log, "
-                              f"median); the band is {level:.2g} of the label variance there")
+        found["at_budget"] = (f"at this budget: on the {claim['task']} task neither convergence criterion holds "
+                              f"(relative: {converged['relative']}, absolute: {converged['absolute']}; training "
+                              f"twice as long moves the normal model's loss by {converged['median_move']:.2f} in "
+                              f"log, median); the band is {level:.2g} of the label variance there")
+    area = claim.get("area")
+    if area:
+        found["area_reading"] = (f"area under the log test curve ({area['name']}): {area['verdict']}, median "
+                                 f"difference {number(area['median_difference'])}, p = {area['p']:.2g}")
+    paper = claim.get("paper_learning_rate")
+    if paper:
+        found["paper_learning_rate"] = paper["sentence"] + f" (p = {paper['p']:.2g})"
     other = claim.get("other_reading")
     if other:
         found["other_reading"] = (f"constant reading of alpha ({other['name']}): {other['decision']['verdict']}, "
@@ -457,8 +468,10 @@ def number(value, digits=2):
         return "yes" if value else "no"
     if isinstance(value, int):
         return str(value)
-    if not math.isfinite(value) or abs(value) >= 1e300:
-        return "diverged"
+    if math.isnan(value):
+        return "–"
+    if not math.isfinite(value) or abs(value) >= 1e300:   # a diverged loss, or a level never reached
+        return "∞" if value > 0 else "−∞"
     return f"{value:.{digits}g}"
 
 

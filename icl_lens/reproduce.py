@@ -65,14 +65,15 @@ from icl_lens.figures import theory as theory_figures
 from icl_lens.results import (NUMBER, RecordError, check_writable_folder, load_result, repository_root,
                               results_dir, save_result, to_plain, write_json)
 from icl_lens.studies import across_tasks, ffn_rank, li_et_al, section5, section5_claims, table1
+from icl_lens.training.journal import differences, plain
 from icl_lens.validation import check_scheduler
 
 ALL_TASKS = ("linear", "trigonometric", "exponential")
 PANELS = ("regularized", "augmented", "negative")
 
 
-def experiment_config(kind, *, quick=False, seeds=None):
-    config = section5.EXPERIMENTS[kind]()
+def experiment_config(kind, *, quick=False, seeds=None, deciding=None):
+    config = section5.EXPERIMENTS[kind]() if deciding is None else section5.EXPERIMENTS[kind](deciding)
     if seeds is not None:
         config = replace(config, seeds=tuple(seeds))
     return config.quick() if quick else config
@@ -93,10 +94,11 @@ class Run:
     ``out``) the first time an output asks for it; ``reproduce all`` trains the three tasks
     together (:meth:`tasks`) before its first output."""
 
-    def __init__(self, out, *, quick, device, seeds, compile, reuse, workers, log, grow=False, scheduler=None):
+    def __init__(self, out, *, quick, device, seeds, compile, reuse, workers, log, grow=False, scheduler=None,
+                 deciding=None):
         self.out, self.quick, self.device, self.seeds = out, quick, device, seeds
         self.compile, self.reuse, self.workers, self.log = compile, reuse, workers, log
-        self.grow, self.scheduler = grow, scheduler
+        self.grow, self.scheduler, self.deciding = grow, scheduler, deciding
         self.written, self._tasks, self._shared = {}, {}, {}
 
     def save(self, key, file, record, figure=None):
@@ -130,7 +132,11 @@ class Run:
             self._tasks.update({kind: self.saved(f"task_{kind}") for kind in missing})
         elif missing:
             start = time.perf_counter()
-            configs = [experiment_config(kind, quick=self.quick, seeds=self.seeds) for kind in missing]
+            configs = [experiment_config(kind, quick=self.quick, seeds=self.seeds, deciding=self.deciding)
+                       for kind in missing]
+            if self.grow:
+                for kind, config in zip(missing, configs):
+                    self.check_growable(kind, config)
 
             def finished(i, record, seconds):   # saved as soon as its jobs end, before the others
                 self._tasks[missing[i]] = record
@@ -138,11 +144,26 @@ class Run:
                 self.say(f"{missing[i]}: {len(record['models'])} models, {configs[i].epochs} epochs, {seconds:.1f} s "
                          f"(its jobs' time over {self.workers} worker(s))")
 
+            # every finished job is kept in out/journal as it ends: --grow continues from there
             section5.run_experiments(configs, device=self.device, progress=self.log is not None,
                                      compile=self.compile, workers=self.workers, finished=finished,
-                                     scheduler=self.scheduler)
+                                     scheduler=self.scheduler, journal=Path(self.out) / JOURNAL, keep=self.grow)
             self.say(f"{' + '.join(missing)} (one pool): {time.perf_counter() - start:.1f} s")
         return {kind: self._tasks[kind] for kind in kinds}
+
+    def check_growable(self, kind, config):
+        """A saved task record without a journal can be grown only where it is of ``config``."""
+        if (Path(self.out) / JOURNAL / kind / "configuration.json").exists() or \
+                not (Path(self.out) / f"task_{kind}.json").exists():
+            return   # the journal checks its own configuration
+        saved = dict(load_result(self.out, f"task_{kind}", expect={"config": dict})["config"])
+        for key in ("seeds", "deciding"):
+            saved.pop(key, None)
+        changed = differences(saved, plain(section5.journal_config(config)))
+        if changed:
+            raise ValueError(f"--grow: {self.out}/task_{kind}.json was trained with another configuration "
+                             f"({'; '.join(changed[:4])}), so none of its runs can be reused; train it anew "
+                             "without --grow")
 
     def shared(self, file, compute, draw, *, read_back=True, trains=False):
         """A study that several outputs use, saved once as ``file`` (read back with ``reuse``, unless
@@ -402,7 +423,11 @@ OUTPUTS_TABLE = {
     "convergence": (convergence_study, False),
     **{name: (chapter_study(name), False) for name in STUDIES},
 }
-GROWS = tuple(name for name, study in STUDIES.items() if hasattr(study.module, "reusable_runs"))
+# the Section 5 outputs drawn from the task records grow them through the journal (out/journal);
+# with "all" the other outputs are computed as without --grow
+GROWS = (*(name for name, study in STUDIES.items() if hasattr(study.module, "reusable_runs")),
+         "fig3", "fig10", "fig11", "fig12", "fig13", "paired", "all")
+JOURNAL = "journal"
 FIGURES = tuple(name for name, (_, in_all) in OUTPUTS_TABLE.items() if in_all)
 EXTRA = ("convergence", "temperature")   # named on the command line only, never by "all"
 STUDY_FILES = {name: study.file for name, study in STUDIES.items()}
@@ -435,7 +460,7 @@ OUTPUTS = ("fig3", "fig6-8", "fig9", "fig10", "fig11", "fig12", "fig13", "fig14"
 
 
 def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None, reuse=False, workers=None,
-              log=sys.stderr, grow=False, scheduler=None):
+              log=sys.stderr, grow=False, scheduler=None, deciding_seeds=None):
     """Write the named outputs of :data:`OUTPUTS_TABLE` (or ``"all"``: every one that is part of
     it) under ``out``; return {name: paths written}.
 
@@ -444,8 +469,11 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
     :func:`icl_lens.training.loop.run_jobs`. ``reuse=True`` draws from the records already in
     ``out`` instead of training again (to restyle figures or recompute verdicts), and never trains:
     a record it needs and does not find is a :class:`icl_lens.results.RecordError` naming the
-    command that makes it; ``grow=True``
-    (Table 1) keeps a saved record's runs and trains only those the current configuration adds.
+    command that makes it; ``grow=True`` keeps a saved record's runs and trains only those the
+    current configuration adds (Table 1; the Section 5 tasks through the journal of finished jobs in
+    ``out/journal``: new seeds, or the jobs an interrupted run had not finished). ``deciding_seeds``:
+    the Section 5 tasks draw seeds until this many pass the screen (default
+    :data:`icl_lens.studies.section5.SEEDS_THAT_CAN`; not with ``seeds``).
     ``scheduler``, a Dask scheduler's address, sends the training jobs to that cluster
     (:func:`icl_lens.training.loop.run_jobs`): the same records as the local pool of ``workers``.
     """
@@ -460,6 +488,13 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
     check_scheduler(scheduler)
     if scheduler is not None and reuse:
         raise ValueError("--scheduler sends training jobs, --reuse never trains: give one of them")
+    if deciding_seeds is not None:
+        if seeds is not None:
+            raise ValueError("--seeds names the seeds, --deciding-seeds draws them: give one of them")
+        if reuse:
+            raise ValueError("--deciding-seeds chooses seeds to train, --reuse never trains: give one of them")
+        if not isinstance(deciding_seeds, int) or isinstance(deciding_seeds, bool) or deciding_seeds < 1:
+            raise ValueError(f"--deciding-seeds must be a positive integer, got {deciding_seeds!r}")
     if grow and [n for n in names if n not in GROWS]:
         raise ValueError(f"--grow applies to {', '.join(GROWS)} only, not {', '.join(n for n in names if n not in GROWS)}")
     if reuse and not Path(out).is_dir():
@@ -471,7 +506,7 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
     if workers is None:
         workers = 2 if (not quick and device.type == "cpu") else 1
     run = Run(out, quick=quick, device=device, seeds=seeds, compile=compile, reuse=reuse, workers=workers, log=log,
-              grow=grow, scheduler=scheduler)
+              grow=grow, scheduler=scheduler, deciding=deciding_seeds)
     try:
         if everything:
             run.tasks()   # the three tasks in one pool, before the first output asks for one of them

@@ -66,7 +66,7 @@ BAD = [   # (argv, the argument the message must name, environment)
     *((["reproduce", "fig3", "--scheduler", address], "--scheduler", {})
       for address in ("localhost:8786", "tcp://", "", "  ", "8786")),
     *((["reproduce", name, "--grow", "--out", "{tmp}/out"], "--grow", {})
-      for name in ("fig3", "all", "claims", "multitask", "softmax-regression", "fig14")),
+      for name in ("claims", "multitask", "softmax-regression", "fig14", "fig6", "context-use")),
     *((["reproduce", *names], "FIGURE", {}) for names in (["fig2"], [""], ["FIG3"], ["fig", "3"], ["fig3", "x"])),
     (["reproduce"], "FIGURE", {}),
     (["reproduce", "fig3", "--quick=1"], "--quick", {}),

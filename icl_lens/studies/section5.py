@@ -24,6 +24,7 @@ training-free baselines of :mod:`icl_lens.baselines` are measured.
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -36,6 +37,7 @@ from icl_lens.tasks import RegressionTask, sample_sequences, sample_task_weight,
 from icl_lens.training.data import task_data, test_sets
 from icl_lens.training.ensemble import (AttentionEnsemble, LayerConfig, Modification, equivalence_curve,
                                        squared_errors, test_loss, used_switches)
+from icl_lens.training.journal import Journal
 from icl_lens.training.loop import decay_schedule, fork, fork_point, run_jobs, train
 from icl_lens.validation import check_positive_float, check_positive_int, check_seeds
 # what is read off a record lives in section5_readings; it is named here too, so that
@@ -60,6 +62,7 @@ LINEAR_COMBINATIONS = (
 # the test set's (icl_lens.training.data.TEST_SET)
 TEMPERATURE_SET = 3_000_000
 OTHER_TASK, SHUFFLE = 4_000_000, 5_000_000      # the context-use measurements' draws
+TEST_PARTS = 4     # the test set read as this many disjoint parts at the end of a run
 # the twin of a seed's normal model starts with one weight of W_Q scaled by 1 + 2**-20 (8 to 16
 # float32 steps of that weight): a run that ends elsewhere is chaotic at round-off level
 TWIN_NUDGE = 2.0 ** -20
@@ -102,8 +105,10 @@ class ExperimentConfig:
     combinations: tuple = LINEAR_COMBINATIONS
     lr_normal: float = 0.003              # normal and regularized models
     lr_other: float = 0.005               # augmented, negative, combinations
-    test_sequences: int = 64              # a fixed test set per seed
-    checkpoints: int = 16                 # test losses measured at epochs * j / checkpoints
+    # a fixed test set per seed, read also as TEST_PARTS disjoint parts at the end of the run, whose
+    # spread is the test set's own noise (64 sequences, the five-seed record's, is one part)
+    test_sequences: int = 256
+    checkpoints: int = 32                 # test losses measured at epochs * j / checkpoints
     kernel: str = "performer"
     temperature: bool = True              # q, k times d**-1/4 (LayerConfig.temperature)
     dtype: str = "float32"
@@ -228,12 +233,12 @@ def screened_seeds(task, count=SEEDS_THAT_CAN, limit=100):
     raise ValueError(f"only {passing} of the first {limit} seeds of the {task.kind} task pass the screen")
 
 
-def linear_experiment():
-    """Figs. 3 and 10: s = W t, d_t = 11, N + 1 = 16."""
-    return ExperimentConfig(seeds=screened_seeds(RegressionTask.linear()))
+def linear_experiment(deciding=SEEDS_THAT_CAN):
+    """Figs. 3 and 10: s = W t, d_t = 11, N + 1 = 16; seeds drawn until ``deciding`` pass the screen."""
+    return ExperimentConfig(seeds=screened_seeds(RegressionTask.linear(), deciding))
 
 
-def trigonometric_experiment():
+def trigonometric_experiment(deciding=SEEDS_THAT_CAN):
     """Fig. 11: s = cos(W t), d_t = 7, N + 1 = 128, lr 0.005; the two-layer g2^+ uses ELU.
 
     A smaller grid than the linear task's (each step costs 8x more): both regularized readings at
@@ -241,7 +246,7 @@ def trigonometric_experiment():
     task = RegressionTask.trigonometric()
     return ExperimentConfig(
         task=task,
-        seeds=screened_seeds(task),
+        seeds=screened_seeds(task, deciding),
         epochs=320,
         lr_normal=0.005,
         quick_tokens_per_epoch=2048,
@@ -252,7 +257,7 @@ def trigonometric_experiment():
     )
 
 
-def exponential_experiment():
+def exponential_experiment(deciding=SEEDS_THAT_CAN):
     """Fig. 12: s = exp(W t), d_t = 6, N + 1 = 512, settings of the trigonometric task.
 
     The paper's best "alpha = 16" is run where a reading defines it: the constant form (renormalised
@@ -262,7 +267,7 @@ def exponential_experiment():
     task = RegressionTask.exponential()
     return ExperimentConfig(
         task=task,
-        seeds=screened_seeds(task),
+        seeds=screened_seeds(task, deciding),
         epochs=600,
         lr_normal=0.005,
         quick_tokens_per_epoch=2048,
@@ -378,6 +383,11 @@ def train_seeds(config, variants, seeds, compile=False, progress=True, position=
         bar.close()
     tested = torch.stack(curves_at)
     ended[config.epochs] = tested[-1]
+    # the final test loss on each of TEST_PARTS disjoint parts of the test set: their spread is the
+    # noise the test set adds to a seed's number (fewer parts where the set is smaller)
+    count = min(TEST_PARTS, config.test_sequences)
+    parts = torch.stack([test_loss(ensemble, tokens, targets) for tokens, targets in
+                         zip(test_tokens.tensor_split(count, dim=1), test_targets.tensor_split(count, dim=1))])
     by_length = torch.stack([ended[length] for length in config.run_lengths])
     equivalence, trained = {}, {}
     for seed in seeds:
@@ -389,6 +399,8 @@ def train_seeds(config, variants, seeds, compile=False, progress=True, position=
     context = measure_context_use(ensemble, data, tests, config.task)
     return {"train_loss": history.T.tolist(), "test_curve": tested.T.tolist(), "by_length": by_length.T.tolist(),
             "equivalence": equivalence, "trained_normal": trained, "context_use": context,
+            "test_parts": parts.T.tolist(), "seeds": list(seeds), "device": str(device),
+            "threads": torch.get_num_threads(),
             "seconds": time.perf_counter() - started}   # for the log, not the record
 
 
@@ -468,7 +480,7 @@ def run_experiment(config, *, device="cpu", progress=True, compile=False, varian
 
 
 def run_experiments(configs, *, device="cpu", progress=True, compile=False, variants=None, workers=1,
-                    finished=None, scheduler=None):
+                    finished=None, scheduler=None, journal=None, keep=False):
     """:func:`run_experiment` for several configs (the tasks of a full run) with one pool: the
     jobs of every config go to the same ``workers`` processes, config by config in the order
     given, each config's costliest first, so that no process waits for the other between two
@@ -479,11 +491,24 @@ def run_experiments(configs, *, device="cpu", progress=True, compile=False, vari
     Returns (records, seconds): a :class:`TaskRecord` per config, and per config the seconds its
     jobs took, summed over the jobs and divided by ``workers`` (its share of the pool's time; the
     wall time of a config alone is not defined when its jobs overlap another's). The numbers are
-    those of a separate :func:`run_experiment` per config (every job is seeded)."""
+    those of a separate :func:`run_experiment` per config (every job is seeded).
+
+    ``journal``, a folder, keeps each job's result as it ends (:class:`icl_lens.training.journal.Journal`,
+    one sub-folder per task); with ``keep=True`` the jobs already finished there are read back, not
+    trained, so that an interrupted run continues and a saved run grows by new seeds (with
+    ``workers > 1`` a job is one seed's part, so every seed already trained is reused)."""
     check_positive_int(workers, "workers")
     variants = [config.variants() for config in configs] if variants is None else variants
     if len(variants) != len(configs):
         raise ValueError(f"variants must hold one list per config, got {len(variants)} for {len(configs)} configs")
+    journals = [None] * len(configs)
+    if journal is not None:
+        threads = torch.get_num_threads() if workers == 1 and scheduler is None else \
+            max(1, torch.get_num_threads() // workers)
+        journals = [Journal(Path(journal) / config.task.kind,
+                            {"config": journal_config(config), "compile": bool(compile), "workers": workers,
+                             "threads": threads, "device": str(pick(device))}, keep=keep)
+                    for config in configs]
     jobs, owner = [], []
     for index, (config, listed) in enumerate(zip(configs, variants)):
         if workers == 1:
@@ -497,9 +522,14 @@ def run_experiments(configs, *, device="cpu", progress=True, compile=False, vari
         owner += [index] * len(parts)
     results, records, seconds = [None] * len(jobs), [None] * len(configs), [None] * len(configs)
 
-    def collect(i, result):
+    def job_name(i):   # the job's seeds and what it trains, as its journal names it
+        return jobs[i][2], {"seeds": list(jobs[i][2]), "variants": [asdict(v) for v in jobs[i][1]]}
+
+    def collect(i, result, save=True):
         results[i] = result
         index = owner[i]
+        if save and journals[index] is not None:
+            journals[index].save(*job_name(i), result)
         parts = [results[j] for j in range(len(jobs)) if owner[j] == index]
         if all(part is not None for part in parts):
             records[index] = task_record(configs[index], variants[index], parts, compile)
@@ -507,10 +537,26 @@ def run_experiments(configs, *, device="cpu", progress=True, compile=False, vari
             if finished is not None:
                 finished(index, records[index], seconds[index])
 
+    waiting = []
+    for i in range(len(jobs)):
+        found = None if journals[owner[i]] is None else journals[owner[i]].finished(*job_name(i))
+        if found is None:
+            waiting.append(i)
+        else:
+            collect(i, found, save=False)
     # config by config (two equal configs keep their places), each config's costliest first
-    costs = [(-index, ensemble_cost(job[1])) for job, index in zip(jobs, owner)]
-    run_jobs(train_seeds, jobs, device=device, workers=workers, costs=costs, done=collect, scheduler=scheduler)
+    costs = [(-owner[i], ensemble_cost(jobs[i][1])) for i in waiting]
+    if waiting:
+        run_jobs(train_seeds, [jobs[i] for i in waiting], device=device, workers=workers, costs=costs,
+                 done=lambda k, result: collect(waiting[k], result), scheduler=scheduler)
     return records, seconds
+
+
+def journal_config(config):
+    """What a task's jobs depend on apart from the job itself: its config without the seed list."""
+    plain = plain_config(config)
+    del plain["seeds"]
+    return plain
 
 
 def task_record(config, variants, parts, compile):
@@ -520,6 +566,7 @@ def task_record(config, variants, parts, compile):
     test_curves = [row for part in parts for row in part["test_curve"]]
     by_length = [row for part in parts for row in part["by_length"]]
     context_uses = [row for part in parts for row in part["context_use"]]
+    test_parts = [row for part in parts for row in part["test_parts"]]
     models = [(variant, seed) for seed in config.seeds for variant in variants]
     weights = task_data(config.task, config.seeds).weights
     tests = test_sets(config.task, weights, config.test_sequences)
@@ -544,6 +591,8 @@ def task_record(config, variants, parts, compile):
                 "test_loss_by_length": [finite_or_none(x) for x in by_length[i]],
                 # does the trained layer read its context? (icl_lens.context_use)
                 "context_use": {name: finite_or_none(x) for name, x in context_uses[i].items()},
+                # the final test loss on each disjoint part of the test set (the test set's noise)
+                "test_loss_parts": [finite_or_none(x) for x in test_parts[i]],
             }
             for i, (variant, seed) in enumerate(models)
         ],
@@ -553,7 +602,12 @@ def task_record(config, variants, parts, compile):
         "equivalence": {seed: curve for part in parts for seed, curve in part["equivalence"].items()},
         # the trained weights of each seed's normal model (Figs. 6-9 measure trained layers)
         "trained_normal": {seed: w for part in parts for seed, w in part["trained_normal"].items()},
+        # where each seed trained: the device and the threads of its jobs
+        "trained_on": {seed_key(seed): sorted({f"{part['device']}, {part['threads']} thread(s)"
+                                               for part in parts if seed in part["seeds"]})
+                       for seed in config.seeds},
     }
+    record["config"]["deciding"] = sum(screened["passes"] for screened in record["screening"].values())
     record["convergence"] = convergence(record)
     return record
 

@@ -8,8 +8,9 @@ Chapters: experiments, claims.
 Every modified model is compared with the model the sentence names (the normal model of the same
 seed and learning rate unless the claim says otherwise): they share the task weight, the training
 sequences, the test set and the initial weights, so the per-seed log ratio of their normalised
-test losses, log(variant / other), is a paired measurement, and so is the difference of their
-speeds (mean log losses).
+test losses, log(variant / other), is a paired measurement, and so is the log ratio of their
+times to a level fixed in advance (a speed: :func:`icl_lens.studies.section5_measures.time_to_level`).
+The area reading of a speed (the mean log loss before the decay) is a note beside its row.
 
 Seeds: a task draw that fails the training-free screen (:func:`icl_lens.studies.section5.screen`,
 decided before training) is reported apart; every other seed votes. The normal model's round-off
@@ -19,20 +20,26 @@ measure).
 
 Half of training: the verdict at the end is checked on the same runs trained for half the epochs
 (with their own decay), with the same choice of setting; a verdict that differs is inconclusive,
-and a decisive claim's p is the larger of the two. For "speed, early" the half window is a prefix of the
-full one, so the check is not applicable.
+and a decisive claim's p is the larger of the two.
+
+The paper's learning rates: on the linear task the paper trains its normal model at 0.003 and the
+augmented, negative and combined models at 0.005. A row judges the learning-rate-matched comparison;
+where the paper's own comparison (its normal model at 0.003) differs, the row carries it as a note
+(outside the counts and the family), and says "the learning rate explains the paper's result" only
+where the normal model at 0.005 against the normal model at 0.003 is itself decisive.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from icl_lens import context_use, statistics
 from icl_lens.studies.section5_readings import normalised_loss
 # the measurements and the threshold claims live in their own modules; they are named here too, so
 # that ``section5_claims.X`` reaches every piece of the Section 5 verdicts
-from icl_lens.studies.section5_measures import (BAND, QUANTITIES, chaotic, deciding_seeds, difference,  # noqa: F401
+from icl_lens.studies.section5_measures import (AREA_OF, BAND, QUANTITIES, chaotic, deciding_seeds, difference,  # noqa: F401
                                                 find_model, markdown_rows, measured, noise_floor, number, paired,
-                                                partner, raw_differences, seeds_apart, speed, twin_gap,
+                                                partner, raw_differences, seeds_apart, speed, speed_level,
+                                                test_set_noise, time_to_level, twin_gap,
                                                 variant_rows)
 from icl_lens.studies.trained_layer_claims import (EQUIVALENCE_WHERE, LARGER, LESS_ACCURATE, LOW_LEVEL,  # noqa: F401
                                                    MAJORITY, MEASURES, equivalence_claims, exact_claim,
@@ -45,10 +52,12 @@ RULES = {
     "final": "test MSE at the end of training (the learning rate decays to 0 over the last fifth of "
              "the steps), divided by the label variance of the seed's test set; paired with the model the "
              "claim names, of the same seed, as the log ratio log(variant / other)",
-    "speed": "the mean over the checkpoints before the decay of log(test MSE / label variance), the area "
-             "under the normalised log test curve (lower is faster); 'late' keeps the last third of those "
-             "checkpoints, 'early' reads the epochs before the first checkpoint from the training loss; "
-             "paired as the difference variant - other (a log ratio of geometric means)",
+    "speed": "time to level: the epoch at which the running minimum of the normalised test loss first "
+             "reaches a level fixed in advance per task (linear 0.03, early 0.08, late 0.015; trigonometric "
+             "0.9; exponential 0.1 of the label variance), interpolated between checkpoints, in the "
+             "constant-rate phase; paired as log(variant / other); a run that never reaches the level is "
+             "the slower of its pair, two that never do are a tie. The area under the normalised log test "
+             "curve (the mean log loss before the decay) is a note beside the row",
     "no effect": f"+-log(1.1) = {BAND:.3f} on either measure: a tenth of the loss either way",
     "seeds": "a seed votes unless its task draw fails the screen, decided before training "
              "(Nadaraya-Watson must beat the context mean by 5% of the label variance); the round-off "
@@ -348,8 +357,6 @@ def temperature_check(with_scale, without_scale):
     the same models trained without the temperature (``without_scale``), side by side, each on the
     comparisons whose models both records train (the check trains the normal, alpha < 0 and g2
     models only)."""
-    from dataclasses import replace
-
     both = ({m["name"] for m in with_scale["models"]} & {m["name"] for m in without_scale["models"]})
 
     def trained_by_both(pairs):
@@ -418,8 +425,20 @@ def floor_or_none(value):
     return None if value is None or not math.isfinite(value) else value
 
 
+def stored(value):
+    """A number as JSON keeps it: an infinite bound (a run that diverged or never reached the level)
+    as +-1e300, the stand-in the measurements use."""
+    if isinstance(value, float) and math.isinf(value):
+        return math.copysign(1e300, value)
+    return value
+
+
 def plain_decision(decision):
     """What of a decision a record keeps (the weakest comparison's numbers and the claim's p)."""
+    return {key: stored(value) for key, value in decision_fields(decision).items()}
+
+
+def decision_fields(decision):
     if "comparisons" not in decision:
         return {k: decision[k] for k in ("verdict", "p", "p_agree", "p_disagree", "n", "only_variant", "only_normal",
                                          "upper", "band", "smallest_agree", "smallest_disagree", "cannot_decide")}
@@ -442,13 +461,9 @@ def evaluate(records, claims=CLAIMS):
             continue
         record = records[claim.task]
         full, comparison, chosen_pairs, chosen_comparisons = judge(claim, record, 1.0)
-        applicable = claim.quantity != "speed, early"
-        if applicable:
-            half, half_comparison, _, _ = judge(claim, record, 0.5, choice=full.get("chosen"))
-            # a divergence cannot be undone by training longer: instability seen at the end stands
-            stable = full["verdict"] == half["verdict"] or (claim.kind == "unstable" and full["verdict"] == "agrees")
-        else:
-            half, half_comparison, stable = None, None, True
+        half, half_comparison, _, _ = judge(claim, record, 0.5, choice=full.get("chosen"))
+        # a divergence cannot be undone by training longer: instability seen at the end stands
+        stable = full["verdict"] == half["verdict"] or (claim.kind == "unstable" and full["verdict"] == "agrees")
         verdict = full["verdict"] if stable else "inconclusive"
         checked = half is not None and half["verdict"] == full["verdict"]
         p = max(full["p"], half["p"]) if checked else full["p"]
@@ -469,8 +484,68 @@ def evaluate(records, claims=CLAIMS):
             "stable": stable, "verdict": verdict, "p": p,
             "noise_floor": floor_or_none(noise_floor(record, 1.0, claim.quantity)),
             "other_reading": other,
+            "area": area_note(claim, record, full),
+            "paper_learning_rate": paper_learning_rate_note(claim, record, full),
         })
     return results
+
+
+def area_note(claim, record, full):
+    """A speed row's area reading (the mean log loss before the decay), judged by the same rule on
+    the same setting: a note beside the time to level, outside the counts."""
+    if claim.quantity not in AREA_OF:
+        return None
+    area = replace(claim, quantity=AREA_OF[claim.quantity])
+    decision, comparison, _, _ = judge(area, record, 1.0, choice=full.get("chosen"))
+    return {"quantity": area.quantity, "verdict": decision["verdict"], "p": decision["p"],
+            "median_difference": comparison["median_difference"], "name": comparison["name"]}
+
+
+PAPER_NORMAL, MATCHED_NORMAL = "normal", "normal lr={:g}"
+
+
+def paper_pairs(pairs, record):
+    """``pairs`` with the learning-rate-matched normal model replaced by the paper's (its first
+    normal model, at the paper's rate for normal models)."""
+    matched = MATCHED_NORMAL.format(record["config"]["lr_other"])
+
+    def swapped(record):
+        return [[(name, PAPER_NORMAL if other in (None, matched) else other) for name, other in alternative]
+                for alternative in pairs(record)]
+    return swapped
+
+
+def paper_learning_rate_note(claim, record, full):
+    """Where the paper's own comparison differs from the matched one (the linear task's models at
+    0.005 against its normal model at 0.003): that comparison's verdict, and whether the normal model
+    at 0.005 against the one at 0.003 is itself decisive in the claim's direction (then "the
+    learning rate explains the paper's result"). None where the two comparisons are the same."""
+    if claim.kind == "unstable" or claim.pairs is None or "lr_other" not in record.get("config", {}):
+        return None
+    matched = MATCHED_NORMAL.format(record["config"]["lr_other"])
+    seed, lr_normal = record["models"][0]["seed"], record["config"]["lr_normal"]
+    uses_matched = any(other == matched or (other is None and find_model(record, name, seed)["lr"] != lr_normal)
+                       for alternative in claim.pairs(record) for name, other in alternative)
+    if not uses_matched or matched not in {m["name"] for m in record["models"]}:
+        return None
+    swapped = paper_pairs(claim.pairs, record)
+    paper, paper_comparison, _, _ = judge(claim, record, 1.0, pairs=swapped)
+    rate_only = replace(claim, kind="directional", scope="every", pairs=lambda r: [[(matched, PAPER_NORMAL)]])
+    rate, rate_comparison, _, _ = judge(rate_only, record, 1.0)
+    explains = rate["verdict"] == "agrees" and paper["verdict"] == "agrees"
+    lr_normal, lr_other = record["config"]["lr_normal"], record["config"]["lr_other"]
+    if explains:
+        said = (f"; the learning rate explains the paper's result: the normal model at {lr_other:g} against the "
+                f"one at {lr_normal:g} already agrees")
+    elif rate["verdict"] != "inconclusive":
+        said = f"; the normal model at {lr_other:g} against the one at {lr_normal:g} alone {rate['verdict']}"
+    else:
+        said = ""
+    return {"verdict": paper["verdict"], "p": paper["p"], "name": paper_comparison["name"],
+            "median_difference": paper_comparison["median_difference"],
+            "rate_verdict": rate["verdict"], "rate_p": rate["p"],
+            "rate_median_difference": rate_comparison["median_difference"], "explains": explains,
+            "sentence": f"against the paper's normal model at {lr_normal:g} the claim {paper['verdict']}{said}"}
 
 
 RAISED = 1.5      # a variant's median query weight at least this many times its partner's: "raised"

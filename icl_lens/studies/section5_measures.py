@@ -54,24 +54,78 @@ def speed(record, model, until=1.0, part="all"):
     return sum(math.log(loss / variance) for loss in points) / len(points)
 
 
-QUANTITIES = {"final": None, "speed": "all", "speed, early": "early", "speed, late": "late"}
+# the levels a speed is read at (time to level), as fractions of the label variance, per task; fixed
+# from the five-seed record (test losses at 16 checkpoints) before the twenty-seed run was read: a
+# level the normal models' median running minimum crosses while it still falls, in the constant-rate
+# phase (linear: 0.08 at epochs 30-40 of 160, 0.03 near 90 at lr 0.003 and 50 at 0.005, 0.015 near
+# 70 at 0.005; trigonometric 0.9 near 100 of 320; exponential 0.1 near 300 of 600). "early" and
+# "late" are the linear task's two levels for "slower at first, faster later" (g2+).
+SPEED_LEVELS = {
+    "linear": {"speed": 0.03, "speed, early": 0.08, "speed, late": 0.015},
+    "trigonometric": {"speed": 0.9},
+    "exponential": {"speed": 0.1},
+}
+# speeds read by time to level; the area (mean log loss) readings stay as a note beside their rows
+QUANTITIES = {"final": None, "speed": None, "speed, early": None, "speed, late": None,
+              "area": "all", "area, early": "early", "area, late": "late"}
+AREA_OF = {"speed": "area", "speed, early": "area, early", "speed, late": "area, late"}
+
+
+def speed_level(record, quantity):
+    """The level (fraction of the label variance) at which ``quantity`` is read on ``record``'s task."""
+    # a record may carry its own levels (a study of other tasks, a test); else the task's
+    levels = record.get("speed_levels") or SPEED_LEVELS.get(record.get("task"), {})
+    if quantity not in levels:
+        raise ValueError(f"no {quantity!r} level is fixed for the {record.get('task')} task (SPEED_LEVELS)")
+    return levels[quantity]
+
+
+def time_to_level(record, model, level, until=1.0):
+    """How fast a model gets to ``level``: the epoch at which the running minimum of its normalised
+    test loss (test MSE / label variance) first reaches ``level``, interpolated in log loss between
+    the two checkpoints around the crossing, read in the constant-rate phase of the run of
+    ``until`` x epochs (the decay would lower every curve at once). Before the first checkpoint the
+    curve starts at the first epoch's mean training loss, placed at epoch 0. inf where the model
+    never reaches the level there (censored: slower than any model that does) or diverged."""
+    epochs = run_length(record, until)
+    config = record.get("config", {})
+    decay = config.get("decay_fraction", 0.2) if config.get("schedule", "constant") == "decay" else 0.0
+    end = epochs * (1 - decay)
+    variance = record["baselines"][seed_key(model["seed"])]["label_variance"]
+    first = model["train_loss"][0]
+    points = [(0, math.inf if first is None else first / variance)]
+    points += [(epoch, math.inf if loss is None else loss / variance)
+               for epoch, loss in zip(record["checkpoint_epochs"], model["test_curve"]) if epoch <= end + 1e-9]
+    lowest = math.inf
+    for (e0, l0), (e1, l1) in zip(points, points[1:]):
+        lowest = min(lowest, l0)
+        if lowest <= level:
+            return float(e0)
+        if l1 <= level:
+            if not math.isfinite(lowest):
+                return float(e1)
+            return e0 + (e1 - e0) * (math.log(lowest) - math.log(level)) / (math.log(lowest) - math.log(l1))
+    return 0.0 if points[0][1] <= level else math.inf
 
 
 def measured(record, model, until, quantity):
-    """The number a claim about ``quantity`` reads for one model: the normalised final loss or a
-    :func:`speed`."""
+    """The number a claim about ``quantity`` reads for one model: the normalised final loss, the
+    time to the task's level (:func:`time_to_level`) or the area reading (:func:`speed`)."""
     if quantity == "final":
         return normalised_loss(record, model, until)
+    if quantity.startswith("speed"):
+        return time_to_level(record, model, speed_level(record, quantity), until)
     return speed(record, model, until, QUANTITIES[quantity])
 
 
 def difference(variant, other, quantity):
-    """The paired difference of one seed: log(variant / other) of normalised final losses, or
-    variant - other of speeds (already logs). inf where only the variant diverged, -inf where only
-    ``other`` did, 0 where both did (a tie): no seed is left out for how it trained."""
+    """The paired difference of one seed: log(variant / other) of normalised final losses or of
+    times to level, or variant - other of area readings (already logs). inf where only the variant
+    diverged or never reached the level, -inf where only ``other`` did, 0 where both did (a tie):
+    no seed is left out for how it trained."""
     if not math.isfinite(other):
         return 0.0 if not math.isfinite(variant) else -math.inf
-    if quantity == "final":
+    if quantity == "final" or quantity.startswith("speed"):
         return log_ratio(variant, other)
     return variant - other
 
@@ -198,3 +252,41 @@ def markdown_rows(rows):
                      f"{interval} | ±{number(r['no_effect'], 2)} | "
                      f"{r['better']} / {r['worse']} / {r['diverged']} |")
     return "\n".join(lines)
+
+
+def spread(values):
+    """The sample standard deviation (n - 1 in the denominator)."""
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((x - mean) ** 2 for x in values) / (len(values) - 1))
+
+
+def test_set_noise(record):
+    """How much noise the test set adds to a seed's number, measured on the record itself: each
+    model's final test loss on the disjoint parts of its seed's test set (``test_loss_parts``).
+    For a model alone, the standard deviation over parts of log(loss on a part); for a paired
+    difference, that of log(variant / partner) part by part (both read the same part, so a part's
+    hard prompts cancel). Medians over the models (deciding seeds, finite losses); divided by the
+    square root of the number of parts, the noise of the whole test set. None for a record
+    without parts (the five-seed run)."""
+    apart = seeds_apart(record)
+    single, paired_spread, count = [], [], None
+    for model in record["models"]:
+        parts = model.get("test_loss_parts")
+        if not parts or model["seed"] in apart or any(p is None or p <= 0 for p in parts) or len(parts) < 2:
+            continue
+        count = len(parts)
+        single.append(spread([math.log(p) for p in parts]))
+        if model["group"] in ("normal", "twin"):
+            continue
+        other = partner(record, model).get("test_loss_parts")
+        if other and all(o is not None and o > 0 for o in other):
+            paired_spread.append(spread([math.log(p / o) for p, o in zip(parts, other)]))
+    if not single:
+        return None
+    whole = math.sqrt(count)
+    sequences = record.get("config", {}).get("test_sequences")
+    return {"parts": count, "sequences_per_part": None if sequences is None else sequences // count,
+            "model_per_part": statistics.median(single), "paired_per_part": statistics.median(paired_spread)
+            if paired_spread else None, "model_whole_set": statistics.median(single) / whole,
+            "paired_whole_set": statistics.median(paired_spread) / whole if paired_spread else None,
+            "band": BAND}
