@@ -495,7 +495,7 @@ def reproduce(names, *, out, quick=False, device="cpu", seeds=None, compile=None
             raise ValueError("--deciding-seeds chooses seeds to train, --reuse never trains: give one of them")
         if not isinstance(deciding_seeds, int) or isinstance(deciding_seeds, bool) or deciding_seeds < 1:
             raise ValueError(f"--deciding-seeds must be a positive integer, got {deciding_seeds!r}")
-    if grow and [n for n in names if n not in GROWS]:
+    if grow and not everything and [n for n in names if n not in GROWS]:
         raise ValueError(f"--grow applies to {', '.join(GROWS)} only, not {', '.join(n for n in names if n not in GROWS)}")
     if reuse and not Path(out).is_dir():
         raise RecordError(f"{out} is not a folder of saved records, and reusing them never trains: make them "

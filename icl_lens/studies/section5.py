@@ -62,7 +62,8 @@ LINEAR_COMBINATIONS = (
 # the test set's (icl_lens.training.data.TEST_SET)
 TEMPERATURE_SET = 3_000_000
 OTHER_TASK, SHUFFLE = 4_000_000, 5_000_000      # the context-use measurements' draws
-TEST_PARTS = 4     # the test set read as this many disjoint parts at the end of a run
+TEST_PARTS = 4     # the final test set read as this many disjoint parts at the end of a run
+FINAL_TEST_SET = 8_000_000     # the generator offset of the final test set (the curve's: TEST_SET)
 # the twin of a seed's normal model starts with one weight of W_Q scaled by 1 + 2**-20 (8 to 16
 # float32 steps of that weight): a run that ends elsewhere is chaotic at round-off level
 TWIN_NUDGE = 2.0 ** -20
@@ -105,9 +106,13 @@ class ExperimentConfig:
     combinations: tuple = LINEAR_COMBINATIONS
     lr_normal: float = 0.003              # normal and regularized models
     lr_other: float = 0.005               # augmented, negative, combinations
-    # a fixed test set per seed, read also as TEST_PARTS disjoint parts at the end of the run, whose
-    # spread is the test set's own noise (64 sequences, the five-seed record's, is one part)
+    # a fixed test set per seed for the curve (the checkpoints and the speeds), and a larger one for
+    # the losses at the end of each run length (the final results, the baselines), read also as
+    # TEST_PARTS disjoint parts whose spread is the test set's own noise. On the exponential task
+    # a loss over 64 sequences moves by 0.35 in log between disjoint sets, paired with another
+    # model of the seed (0.70 alone): 4096 sequences bring that to about 0.044, half the band
     test_sequences: int = 256
+    final_test_sequences: int = 4096
     checkpoints: int = 32                 # test losses measured at epochs * j / checkpoints
     kernel: str = "performer"
     temperature: bool = True              # q, k times d**-1/4 (LayerConfig.temperature)
@@ -135,6 +140,7 @@ class ExperimentConfig:
         if self.kernel not in ("performer", "softmax"):      # LayerConfig's kernels, checked before any work
             raise ValueError(f"kernel must be 'performer' or 'softmax', got {self.kernel!r}")
         check_positive_int(self.test_sequences, "test_sequences")
+        check_positive_int(self.final_test_sequences, "final_test_sequences")
         check_positive_int(self.checkpoints, "checkpoints")
         if self.tokens_per_epoch < self.task.num_tokens:
             raise ValueError(
@@ -195,9 +201,9 @@ class ExperimentConfig:
 
     def quick(self):
         """Small sizes for tests and CI: the first two seeds, 4 epochs of ``quick_tokens_per_epoch``
-        tokens, 16 test sequences, 4 checkpoints; every grid value is kept."""
+        tokens, 16 test sequences (32 for the final losses), 4 checkpoints; every grid value is kept."""
         return replace(self, epochs=4, tokens_per_epoch=self.quick_tokens_per_epoch, test_sequences=16,
-                       seeds=self.seeds[:2], checkpoints=4)
+                       final_test_sequences=32, seeds=self.seeds[:2], checkpoints=4)
 
 
 def screen(task, seed):
@@ -355,6 +361,21 @@ def train_seeds(config, variants, seeds, compile=False, progress=True, position=
     tests = test_sets(config.task, data.weights, config.test_sequences)
     test_tokens = torch.stack([tests[s][0] for _, s in models]).to(dtype=dtype, device=device)
     test_targets = torch.stack([tests[s][1] for _, s in models]).to(dtype=dtype, device=device)
+    finals = test_sets(config.task, data.weights, config.final_test_sequences, offset=FINAL_TEST_SET)
+    final_tokens = torch.stack([finals[s][0] for _, s in models]).to(dtype=dtype, device=device)
+    final_targets = torch.stack([finals[s][1] for _, s in models]).to(dtype=dtype, device=device)
+    count = min(TEST_PARTS, config.final_test_sequences)
+
+    def final_losses(trained):
+        """(parts, models): the test loss on each disjoint part of the final test set."""
+        return torch.stack([test_loss(trained, tokens, targets) for tokens, targets in
+                            zip(final_tokens.tensor_split(count, dim=1), final_targets.tensor_split(count, dim=1))])
+
+    sizes = torch.tensor([len(part) for part in torch.arange(config.final_test_sequences).tensor_split(count)],
+                         dtype=torch.float64)
+
+    def whole(parts):   # the loss on the whole final test set, from its parts
+        return (parts * sizes[:, None]).sum(0) / config.final_test_sequences
     lr = torch.tensor([v.lr for v, _ in models], dtype=dtype, device=device)
     steps, checkpoints, curves_at, ended = config.steps_per_epoch, config.checkpoint_epochs, [], {}
     shorter = config.run_lengths[:-1]
@@ -372,7 +393,7 @@ def train_seeds(config, variants, seeds, compile=False, progress=True, position=
                 short, short_data, _ = fork(ensemble, data)
                 train(short, short_data, steps=steps, epochs=length, lr=lr, schedule=schedule(length),
                       first_epoch=epoch, progress=bar, step_errors=squared_errors, compile=compile)
-                ended[length] = test_loss(short, test_tokens, test_targets)
+                ended[length] = whole(final_losses(short))
 
     bar = (tqdm(total=config.trained_epochs * steps, unit="step", position=position, mininterval=2,
                 desc=f"{config.task.kind} seeds {list(seeds)} ({len(models)} models)") if progress else None)
@@ -382,12 +403,10 @@ def train_seeds(config, variants, seeds, compile=False, progress=True, position=
     if bar is not None:
         bar.close()
     tested = torch.stack(curves_at)
-    ended[config.epochs] = tested[-1]
-    # the final test loss on each of TEST_PARTS disjoint parts of the test set: their spread is the
-    # noise the test set adds to a seed's number (fewer parts where the set is smaller)
-    count = min(TEST_PARTS, config.test_sequences)
-    parts = torch.stack([test_loss(ensemble, tokens, targets) for tokens, targets in
-                         zip(test_tokens.tensor_split(count, dim=1), test_targets.tensor_split(count, dim=1))])
+    # the final test loss on each of TEST_PARTS disjoint parts of the final test set: their spread
+    # is the noise the test set adds to a seed's number (fewer parts where the set is smaller)
+    parts = final_losses(ensemble)
+    ended[config.epochs] = whole(parts)
     by_length = torch.stack([ended[length] for length in config.run_lengths])
     equivalence, trained = {}, {}
     for seed in seeds:
@@ -569,7 +588,8 @@ def task_record(config, variants, parts, compile):
     test_parts = [row for part in parts for row in part["test_parts"]]
     models = [(variant, seed) for seed in config.seeds for variant in variants]
     weights = task_data(config.task, config.seeds).weights
-    tests = test_sets(config.task, weights, config.test_sequences)
+    tests = test_sets(config.task, weights, config.final_test_sequences, offset=FINAL_TEST_SET)
+    curves = test_sets(config.task, weights, config.test_sequences)
     record = {
         "task": config.task.kind,
         "config": plain_config(config),
@@ -586,17 +606,21 @@ def task_record(config, variants, parts, compile):
                 "lr": variant.lr,
                 "train_loss": [finite_or_none(x) for x in train_losses[i]],
                 "test_curve": [finite_or_none(x) for x in test_curves[i]],
-                "test_loss": finite_or_none(test_curves[i][-1]),
+                # on the final test set, at the end of the run (test_loss_by_length's last)
+                "test_loss": finite_or_none(by_length[i][-1]),
                 # the test loss at the end of a run of each of ``run_lengths`` epochs
                 "test_loss_by_length": [finite_or_none(x) for x in by_length[i]],
                 # does the trained layer read its context? (icl_lens.context_use)
                 "context_use": {name: finite_or_none(x) for name, x in context_uses[i].items()},
-                # the final test loss on each disjoint part of the test set (the test set's noise)
+                # the final test loss on each disjoint part of the final test set (its noise)
                 "test_loss_parts": [finite_or_none(x) for x in test_parts[i]],
             }
             for i, (variant, seed) in enumerate(models)
         ],
-        "baselines": {seed_key(s): baseline_losses(config.task, weights[s], *tests[s], s) for s in config.seeds},
+        "baselines": {seed_key(s): {**baseline_losses(config.task, weights[s], *tests[s], s),
+                                    # the curve's test set: what its losses and the context use read
+                                    "curve_label_variance": float(curves[s][1].var(unbiased=False))}
+                      for s in config.seeds},
         # can the seed's task draw show an effect? (decided before training: :func:`screen`)
         "screening": {seed_key(s): screen(config.task, s) for s in config.seeds},
         "equivalence": {seed: curve for part in parts for seed, curve in part["equivalence"].items()},

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, replace
 
 from icl_lens import context_use, statistics
-from icl_lens.studies.section5_readings import normalised_loss
+from icl_lens.studies.section5_readings import convergence, normalised_loss  # noqa: F401
 # the measurements and the threshold claims live in their own modules; they are named here too, so
 # that ``section5_claims.X`` reaches every piece of the Section 5 verdicts
 from icl_lens.studies.section5_measures import (AREA_OF, BAND, QUANTITIES, chaotic, deciding_seeds, difference,  # noqa: F401

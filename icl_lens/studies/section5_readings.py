@@ -244,7 +244,9 @@ def describe_config(config):
         schedule = "constant learning rate (the paper's)"
     return "\n".join([
         f"- epochs: **{config['epochs']}**, test losses at {config['checkpoints']} checkpoints on "
-        f"{config['test_sequences']} fixed test sequences per seed",
+        f"{config['test_sequences']} fixed test sequences per seed"
+        + (f"; final losses and baselines on {config['final_test_sequences']} other fixed sequences"
+           if "final_test_sequences" in config else ""),
         f"- schedule: {schedule}",
         f"- seeds: {config['seeds']} (drawn 0, 1, 2, ... until {config.get('deciding', SEEDS_THAT_CAN)} pass "
         "the screen); a seed "

@@ -44,8 +44,9 @@ def task_data(task, seeds):
     return TaskData(task, weights, generators)
 
 
-def test_sets(task, weights, num_sequences):
+def test_sets(task, weights, num_sequences, offset=TEST_SET):
     """{seed: (tokens, targets)}: a fixed test set per seed, drawn apart from the training stream
-    (float64, cpu). Every model and baseline of a seed is measured on the same sequences."""
-    return {s: sample_sequences(task, num_sequences, w, generator=make_generator(TEST_SET + s))
+    from generator(``offset`` + seed) (float64, cpu). Every model and baseline of a seed is
+    measured on the same sequences."""
+    return {s: sample_sequences(task, num_sequences, w, generator=make_generator(offset + s))
             for s, w in weights.items()}
