@@ -104,7 +104,7 @@ def test_figures_hold_every_curve_they_plot(quick_all):
 
 def test_same_seed_gives_the_same_bytes(tmp_path):
     config = section5.ExperimentConfig(epochs=2, tokens_per_epoch=48 * 16, seeds=(4, 5), test_sequences=4,
-                                          checkpoints=2)
+                                          final_test_sequences=8, checkpoints=2)
     for name in ("a", "b"):
         save_result(tmp_path, name, section5.run_experiment(config, progress=False))
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
@@ -114,7 +114,7 @@ def test_same_seed_gives_the_same_bytes(tmp_path):
 def test_worker_processes_train_the_same_models():
     """Seeds split into parts over two processes give, in float64, the models of one ensemble."""
     config = section5.ExperimentConfig(epochs=2, tokens_per_epoch=12 * 16, seeds=(0, 1), test_sequences=4,
-                                          checkpoints=1, dtype="float64")
+                                          final_test_sequences=8, checkpoints=1, dtype="float64")
     together = section5.run_experiment(config, progress=False)
     split = section5.run_experiment(config, progress=False, workers=2)
     assert [(m["name"], m["seed"]) for m in together["models"]] == [(m["name"], m["seed"]) for m in split["models"]]
@@ -131,9 +131,9 @@ def test_tasks_sharing_a_pool_train_what_separate_runs_train(monkeypatch):
     config's costlier part of a seed's variants (the maps and negative samples) first."""
     monkeypatch.setattr(loop, "ProcessPoolExecutor", RecordingPool)
     linear = section5.ExperimentConfig(epochs=2, tokens_per_epoch=12 * 16, seeds=(0, 1), test_sequences=4,
-                                       checkpoints=1)
+                                       final_test_sequences=8, checkpoints=1)
     trigonometric = replace(section5.trigonometric_experiment(), epochs=2, tokens_per_epoch=4 * 128, seeds=(0,),
-                            test_sequences=4, checkpoints=1)
+                            test_sequences=4, final_test_sequences=8, checkpoints=1)
     ended = []
     records, seconds = section5.run_experiments([trigonometric, linear], progress=False, workers=2,
                                                 finished=lambda *done: ended.append(done))
@@ -178,7 +178,7 @@ def test_shorter_runs_are_the_runs_of_their_own_length():
     reaches the steps (the decayed run is not the constant one). Checked by hand once: keeping the
     whole run's schedule on the copies makes this test fail."""
     config = section5.ExperimentConfig(epochs=10, tokens_per_epoch=8 * 16, seeds=(0, 1), test_sequences=4,
-                                          checkpoints=2, dtype="float64", shorter_runs=(3,))
+                                          final_test_sequences=8, checkpoints=2, dtype="float64", shorter_runs=(3,))
     variants = config.variants()[:3]
     long = section5.run_experiment(config, progress=False, variants=variants)
     assert long["run_lengths"] == [3, 5, 10]

@@ -24,7 +24,7 @@ VARIANTS = [section5.Variant("normal", Modification(), 0.005),
 
 def small_config(seeds):
     return replace(section5.linear_experiment().quick(), epochs=2, checkpoints=2, seeds=seeds,
-                   tokens_per_epoch=1024, quick_tokens_per_epoch=1024, test_sequences=8)
+                   tokens_per_epoch=1024, quick_tokens_per_epoch=1024, test_sequences=8, final_test_sequences=8)
 
 
 def run(config, journal, keep):
@@ -96,7 +96,8 @@ def test_a_damaged_job_file_names_itself(tmp_path):
 def test_a_killed_command_line_run_continues_with_grow(tmp_path):
     """``reproduce fig3 --quick --workers 2`` killed once its first job is saved, then run again with
     --grow: the record is the one an uninterrupted run writes."""
-    command = [sys.executable, "-m", "icl_lens", "reproduce", "fig3", "--quick", "--workers", "2", "--no-compile", "--seeds", "0"]
+    command = [sys.executable, "-m", "icl_lens", "reproduce", "fig3", "--quick", "--workers", "2", "--no-compile",
+               "--seeds", "0"]
     environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
     killed = subprocess.Popen(command + ["--out", str(tmp_path / "a")], env=environment,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

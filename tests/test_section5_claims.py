@@ -279,7 +279,7 @@ def test_screen_and_twins_of_the_configs():
     assert [v.name for v in config.variants()].count("normal twin") == 1
     # float64, so that a nudge of 2**-20 in one weight shows in the test loss after two steps
     quick = replace(config.quick(), seeds=(1,), epochs=1, tokens_per_epoch=config.task.num_tokens * 2,
-                    test_sequences=2, dtype="float64")
+                    test_sequences=2, final_test_sequences=4, dtype="float64")
     twin = [v for v in quick.variants() if v.group in ("normal", "twin")]
     trained = section5.train_seeds(quick, twin, quick.seeds, progress=False)
     normal_loss, twin_loss = (curve[-1] for curve in trained["test_curve"])
