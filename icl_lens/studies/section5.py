@@ -38,7 +38,7 @@ from icl_lens.training.data import task_data, test_sets
 from icl_lens.training.ensemble import (AttentionEnsemble, LayerConfig, Modification, equivalence_curve,
                                        squared_errors, test_loss, used_switches)
 from icl_lens.training.journal import Journal
-from icl_lens.training.loop import decay_schedule, fork, fork_point, run_jobs, train
+from icl_lens.training.loop import decay_schedule, fork, fork_point, job_threads, run_jobs, train
 from icl_lens.validation import check_positive_float, check_positive_int, check_seeds
 # what is read off a record lives in section5_readings; it is named here too, so that
 # ``section5.X`` reaches every piece of the study
@@ -522,8 +522,7 @@ def run_experiments(configs, *, device="cpu", progress=True, compile=False, vari
         raise ValueError(f"variants must hold one list per config, got {len(variants)} for {len(configs)} configs")
     journals = [None] * len(configs)
     if journal is not None:
-        threads = torch.get_num_threads() if workers == 1 and scheduler is None else \
-            max(1, torch.get_num_threads() // workers)
+        threads = job_threads(workers, scheduler)
         journals = [Journal(Path(journal) / config.task.kind,
                             {"config": journal_config(config), "compile": bool(compile), "workers": workers,
                              "threads": threads, "device": str(pick(device))}, keep=keep)

@@ -26,7 +26,8 @@ The paper's learning rates: on the linear task the paper trains its normal model
 augmented, negative and combined models at 0.005. A row judges the learning-rate-matched comparison;
 where the paper's own comparison (its normal model at 0.003) differs, the row carries it as a note
 (outside the counts and the family), and says "the learning rate explains the paper's result" only
-where the normal model at 0.005 against the normal model at 0.003 is itself decisive.
+where the paper's comparison agrees and the normal model at 0.005 against the normal model at 0.003
+agrees by itself.
 """
 
 import math
@@ -533,7 +534,7 @@ def paper_learning_rate_note(claim, record, full):
     rate_only = replace(claim, kind="directional", scope="every", pairs=lambda r: [[(matched, PAPER_NORMAL)]])
     rate, rate_comparison, _, _ = judge(rate_only, record, 1.0)
     explains = rate["verdict"] == "agrees" and paper["verdict"] == "agrees"
-    lr_normal, lr_other = record["config"]["lr_normal"], record["config"]["lr_other"]
+    lr_other = record["config"]["lr_other"]
     if explains:
         said = (f"; the learning rate explains the paper's result: the normal model at {lr_other:g} against the "
                 f"one at {lr_normal:g} already agrees")

@@ -29,6 +29,13 @@ def partner(record, model):
     return next(m for m in normals if m["lr"] == model["lr"])
 
 
+def constant_phase_end(record, until=1.0):
+    """The epoch at which the run of ``until`` x epochs starts to decay (its end for "constant")."""
+    config = record.get("config", {})
+    decay = config.get("decay_fraction", 0.2) if config.get("schedule", "constant") == "decay" else 0.0
+    return run_length(record, until) * (1 - decay)
+
+
 def speed(record, model, until=1.0, part="all"):
     """How fast a model's test loss falls: the mean over the checkpoints of the constant-rate phase
     of the run of ``until`` x epochs (before its decay) of log(test loss / label variance), the
@@ -36,10 +43,7 @@ def speed(record, model, until=1.0, part="all"):
     checkpoints; "early" reads the part of the run before the first checkpoint, which the test
     curve does not see, from the per-epoch training loss. Lower is faster; inf for a model that
     diverged there."""
-    epochs = run_length(record, until)
-    config = record.get("config", {})
-    decay = config.get("decay_fraction", 0.2) if config.get("schedule", "constant") == "decay" else 0.0
-    end = epochs * (1 - decay)
+    end = constant_phase_end(record, until)
     if part == "early":
         points = model["train_loss"][:max(1, record["checkpoint_epochs"][0] - 1)]
     else:
@@ -47,7 +51,7 @@ def speed(record, model, until=1.0, part="all"):
                   if epoch <= end + 1e-9]
         points = points[-max(1, len(points) // 3):] if part == "late" else points
     if not points:
-        raise ValueError(f"the record has no checkpoint in the constant-rate phase of {epochs} epochs")
+        raise ValueError(f"the record has no checkpoint in the constant-rate phase of {run_length(record, until)} epochs")
     variance = record["baselines"][seed_key(model["seed"])]["label_variance"]
     if any(loss is None or not math.isfinite(loss) for loss in points):
         return math.inf
@@ -87,10 +91,7 @@ def time_to_level(record, model, level, until=1.0):
     ``until`` x epochs (the decay would lower every curve at once). Before the first checkpoint the
     curve starts at the first epoch's mean training loss, placed at epoch 0. inf where the model
     never reaches the level there (censored: slower than any model that does) or diverged."""
-    epochs = run_length(record, until)
-    config = record.get("config", {})
-    decay = config.get("decay_fraction", 0.2) if config.get("schedule", "constant") == "decay" else 0.0
-    end = epochs * (1 - decay)
+    end = constant_phase_end(record, until)
     variance = record["baselines"][seed_key(model["seed"])]["label_variance"]
     first = model["train_loss"][0]
     points = [(0, math.inf if first is None else first / variance)]

@@ -82,6 +82,3 @@ class Journal:
         # the job's own numbers, nan and infinity included (the record converts them later)
         data = gzip.compress(json.dumps(to_plain(result), sort_keys=True, allow_nan=True).encode("utf-8"), mtime=0)
         write_atomically(self.path(seeds, description), lambda file: file.write(data))
-
-    def count(self):
-        return len(list(self.folder.glob("*.json.gz")))

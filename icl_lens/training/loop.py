@@ -215,7 +215,7 @@ def run_jobs(function, jobs, *, device="cpu", workers=1, costs=None, done=None, 
         return results
     if device.type != "cpu":
         raise ValueError(f"workers > 1 and a scheduler train on the CPU; use workers=1 with device={str(device)!r}")
-    threads = max(1, torch.get_num_threads() // workers)
+    threads = job_threads(workers, scheduler)
     # a stable sort: jobs of one cost keep their order
     order = sorted(range(len(jobs)), key=lambda i: costs[i], reverse=True) if costs else range(len(jobs))
     with _pool(workers, scheduler) as pool:
@@ -227,6 +227,14 @@ def run_jobs(function, jobs, *, device="cpu", workers=1, costs=None, done=None, 
             if done is not None:
                 done(i, results[i])
     return results
+
+
+def job_threads(workers, scheduler=None):
+    """The intra-op threads each job of :func:`run_jobs` trains with: all of this process's with one
+    local worker, else an equal share of them."""
+    if workers == 1 and scheduler is None:
+        return torch.get_num_threads()
+    return max(1, torch.get_num_threads() // workers)
 
 
 @contextlib.contextmanager
