@@ -266,19 +266,12 @@ class AttentionEnsemble(torch.nn.Module):
 
     def negative_neighbours(self, tokens, k):
         """Indices (M', B, n, k_max) of each token's lowest-scoring other tokens, lowest first, for the
-        M' models with negative samples (``tokens`` and ``k`` are theirs).
-
-        Scores are ranked by the logits q_i . k_j: exp is increasing, so this is the order of the
-        softmax scores, the ones the random features estimate; the choice is discrete and carries no
-        gradient. Model m uses the first ``negative_k[m]`` columns.
-        """
+        M' models with negative samples (``tokens`` and ``k`` are theirs): :func:`lowest_scoring`."""
         n, k_max = tokens.shape[-2], self.max_negative_k
         if k_max >= n:
             raise ValueError(f"negative_k={k_max} needs more than {k_max} tokens per sequence, got {n}")
         with torch.no_grad():
-            logits = batched_linear(tokens, self.W_Q[self.negative_models]) @ k.transpose(-1, -2)
-            logits = logits.masked_fill(torch.eye(n, dtype=torch.bool, device=logits.device), math.inf)
-            return torch.topk(logits, k_max, dim=-1, largest=False, sorted=True).indices
+            return lowest_scoring(batched_linear(tokens, self.W_Q[self.negative_models]) @ k.transpose(-1, -2), k_max)
 
     def with_negatives(self, tokens, k):
         """x~_i = x_i - beta / k sum_{j in N(i)} x_j for the demonstrations (Eq. (15)); the query is kept.
@@ -287,16 +280,9 @@ class AttentionEnsemble(torch.nn.Module):
         x~ depends on the tokens alone, the neighbour choice carrying no gradient.
         """
         chosen = self.negative_models
-        sub_tokens, sub_k = tokens[chosen], k[chosen]
-        index = self.negative_neighbours(sub_tokens, sub_k)
-        M, B, n, k_max = index.shape
-        gathered = sub_tokens.gather(2, index.reshape(M, B, n * k_max, 1).expand(-1, -1, -1, tokens.shape[-1]))
-        gathered = gathered.reshape(M, B, n, k_max, -1)
-        count = self.negative_k[chosen]
-        used = torch.arange(k_max, device=tokens.device) < count[:, None]
-        weight = used.to(tokens.dtype) * (self.beta[chosen] / count)[:, None]
-        shifted = sub_tokens - (gathered * weight[:, None, None, :, None]).sum(-2)
-        shifted = torch.cat([shifted[..., :-1, :], sub_tokens[..., -1:, :]], dim=-2)
+        sub_tokens = tokens[chosen]
+        index = self.negative_neighbours(sub_tokens, k[chosen])
+        shifted = negative_samples(sub_tokens, index, self.beta[chosen], self.negative_k[chosen])
         return tokens.index_copy(0, chosen, shifted)
 
     def query_log_scores(self, q, k):
@@ -357,16 +343,49 @@ class AttentionEnsemble(torch.nn.Module):
         return out
 
     def regularize(self, weights):
-        """Eq. (12) in self-attention form, per model: the query's own weight (the last) times
-        (1 - alpha), or minus alpha (``alpha_form="constant"``), then the weights renormalised to sum
-        to 1 for the models with ``renormalise``."""
-        alpha = self.alpha[:, None]
-        own = weights[..., -1]
-        own = torch.where(self.alpha_constant[:, None], own - alpha, own * (1 - alpha))
-        weights = torch.cat([weights[..., :-1], own.unsqueeze(-1)], dim=-1)
-        total = weights.sum(dim=-1, keepdim=True)
-        return torch.where(self.renormalise[:, None, None], weights / total, weights)
+        """Eq. (12) in self-attention form, per model: :func:`regularized_weights`."""
+        return regularized_weights(weights, self.alpha[:, None], self.alpha_constant[:, None],
+                                   self.renormalise[:, None, None])
 
+
+# The modifications as functions of tensors, shared by the ensemble (Section 5's protocol) and
+# the prompt layer (a new task per prompt: icl_lens.training.prompt_layer); with ``augment`` above.
+
+
+def regularized_weights(weights, alpha, constant, renormalise):
+    """Eq. (12) in self-attention form: the query's own attention weight (the last of ``weights``,
+    (..., n)) times (1 - alpha), or minus alpha where ``constant`` (A - alpha I, Lemma D.1), then the
+    weights renormalised to sum to 1 where ``renormalise``. ``alpha`` and ``constant`` broadcast
+    against weights[..., -1], ``renormalise`` against ``weights``."""
+    own = weights[..., -1]
+    own = torch.where(constant, own - alpha, own * (1 - alpha))
+    weights = torch.cat([weights[..., :-1], own.unsqueeze(-1)], dim=-1)
+    total = weights.sum(dim=-1, keepdim=True)
+    return torch.where(renormalise, weights / total, weights)
+
+
+def lowest_scoring(logits, k_max):
+    """The negative samples' neighbours N(i) of Eq. (15): for logits q_i . k_j (..., n, n), the
+    indices (..., n, k_max) of each token's ``k_max`` lowest-scoring other tokens, lowest first.
+
+    Ranked by the logits: exp is increasing, so this is the order of the softmax scores (the ones
+    random features estimate); the choice is discrete and carries no gradient."""
+    n = logits.shape[-1]
+    logits = logits.masked_fill(torch.eye(n, dtype=torch.bool, device=logits.device), math.inf)
+    return torch.topk(logits, k_max, dim=-1, largest=False, sorted=True).indices
+
+
+def negative_samples(tokens, index, beta, count):
+    """Eq. (15): x~_i = x_i - beta / k sum_{j in N(i)} x_j for every demonstration, the query (the
+    last token) kept. ``tokens`` (M, B, n, d) with ``index`` (M, B, n, k_max) from
+    :func:`lowest_scoring`; ``beta`` and ``count`` (k, at most k_max) are per model, (M,)."""
+    M, B, n, k_max = index.shape
+    gathered = tokens.gather(2, index.reshape(M, B, n * k_max, 1).expand(-1, -1, -1, tokens.shape[-1]))
+    gathered = gathered.reshape(M, B, n, k_max, -1)
+    used = torch.arange(k_max, device=tokens.device) < count[:, None]
+    weight = used.to(tokens.dtype) * (beta / count)[:, None]
+    shifted = tokens - (gathered * weight[:, None, None, :, None]).sum(-2)
+    return torch.cat([shifted[..., :-1, :], tokens[..., -1:, :]], dim=-2)
 
 
 def squared_errors(ensemble, tokens, targets):

@@ -12,6 +12,12 @@ attention output, summed over heads (the residual adds the query's label, which 
     softmax    y_hat = sum_j softmax_j(W_K h_j . W_Q h_q / sqrt(D)) (W_V h_j)_y         (Eq. (1))
     random-features  the softmax kernel replaced by positive random features       (Eqs. (6)-(7))
 
+With a :class:`~icl_lens.training.ensemble.Modification` (``modification=``) the layer is the
+paper's modified layer, read at the query, through the same functions as the Section 5 ensemble
+(:mod:`icl_lens.training.ensemble`: ``regularized_weights``, ``augment``, ``lowest_scoring``,
+``negative_samples``), so a modification is written once for both protocols: regularized alpha
+(Eq. (12)), g1 on the values and g2 on the keys (Eq. (14)), negative samples (Eq. (15)).
+
 A task is any object with ``token_dim``, ``sample``, ``one_step`` (the comparator: one gradient step
 on the prompt's context) and ``best_lr`` (that step's best learning rate), such as
 :class:`icl_lens.studies.across_tasks.PromptDistribution` or
@@ -26,9 +32,10 @@ import torch
 from tqdm.auto import tqdm
 
 from icl_lens import baselines, verdicts
-from icl_lens.attention import kernel_attention_weights
+from icl_lens.attention import kernel_attention_weights, kernel_scores
 from icl_lens.device import generator, pick
 from icl_lens.kernels import PositiveRandomFeatures, draw_omega
+from icl_lens.training.ensemble import MAP_KINDS, Modification, augment, lowest_scoring, negative_samples, regularized_weights
 from icl_lens.training.loop import decay_factor, decay_schedule, fork, fork_point
 from icl_lens.validation import check_positive_float, check_positive_int
 
@@ -105,11 +112,28 @@ class PromptLayerConfig:
             raise ValueError(f"decay_fraction must be in (0, 1], got {self.decay_fraction!r}")
 
 
+def check_modification(modification, config):
+    """The layer's :class:`Modification` (None: the plain layer), refused where the prompt layer
+    cannot carry it, before any weight is drawn."""
+    if modification is None:
+        return Modification()
+    if not isinstance(modification, Modification):
+        raise ValueError(f"modification must be a Modification, got {type(modification).__name__}")
+    if modification.ridge:
+        raise ValueError("modification: the ridge layer (Eq. (33)) is Section 5's only (AttentionEnsemble), not the "
+                         "prompt layer's")
+    if modification.alpha and modification.renormalise and config.attention == "linear":
+        raise ValueError("modification: regularized alpha renormalises the attention weights, and linear attention's "
+                         "scores do not sum to one (they can sum to 0); use renormalise=False")
+    return modification
+
+
 class PromptAttentionLayer(torch.nn.Module):
     """``heads`` attention heads over the prompt tokens; ``forward`` gives the query predictions (P,)."""
 
-    def __init__(self, token_dim, config, *, dtype=torch.float32, device="cpu"):
+    def __init__(self, token_dim, config, *, modification=None, dtype=torch.float32, device="cpu"):
         super().__init__()
+        self.modification = check_modification(modification, config)
         make = generator(config.seed)
         shape = (config.heads, token_dim, token_dim)
         weights = [config.init_std * torch.randn(shape, generator=make, dtype=torch.float64) for _ in range(3)]
@@ -120,6 +144,16 @@ class PromptAttentionLayer(torch.nn.Module):
             omega = draw_omega(token_dim, config.num_features, generator=generator(config.seed + 10_000))
             omega = omega.to(dtype=dtype, device=device)
         self.register_buffer("omega", omega)
+        # the maps' weights exist only where a map is used, so a plain layer's parameters (and the
+        # optimiser's state) are those it had before modifications were added; drawn apart from W
+        # and omega, with torch.nn.Linear's default U(-1/sqrt(D), 1/sqrt(D)) as in the ensemble
+        maps = generator(config.seed + 20_000)
+        bound = 1 / math.sqrt(token_dim)
+        for prefix in ("value", "key"):
+            if getattr(self.modification, f"{prefix}_map") != "none":
+                for name, size in (("W1", shape), ("b1", shape[:2]), ("W2", shape), ("b2", shape[:2])):
+                    drawn = (2 * torch.rand(size, generator=maps, dtype=torch.float64) - 1) * bound
+                    setattr(self, f"{prefix}_{name}", torch.nn.Parameter(drawn.to(dtype=dtype, device=device)))
 
     def attend(self, queries, tokens):
         """Each head's output for the rows ``queries`` (P, T, D) over ``tokens``: (heads, P, T, D).
@@ -127,11 +161,17 @@ class PromptAttentionLayer(torch.nn.Module):
         The same numbers as :func:`icl_lens.attention.softmax_attention` (and the kernel and linear
         forms) in another order: the query is moved through W_Q^T W_K and the weights are applied
         to the tokens before W_V, so no token is projected. A step then costs O(N D) per prompt
-        instead of O(N D^2) when only the query attends, which is what makes n = 200 trainable."""
+        instead of O(N D^2) when only the query attends, which is what makes n = 200 trainable.
+        A modified layer (read at the query only) projects its tokens: :meth:`modified`."""
+        if self.is_modified:
+            weights, values = self.modified_attention(queries, tokens)
+            return weights @ values
         return torch.stack([(weights @ tokens) @ W_V.T for weights, W_V in zip(self.weights(queries, tokens), self.W_V)])
 
     def weights(self, queries, tokens):
         """Each head's attention weights of the rows ``queries`` over ``tokens``: a list of (P, T, n)."""
+        if self.is_modified:
+            return list(self.modified_attention(queries, tokens)[0])
         found = []
         for W_Q, W_K in zip(self.W_Q, self.W_K):
             if self.attention == "random-features":
@@ -144,6 +184,56 @@ class PromptAttentionLayer(torch.nn.Module):
                 else:   # softmax with the paper's temperature 1 / sqrt(d_o)
                     found.append(torch.softmax(scores / math.sqrt(W_K.shape[0]), dim=-1))
         return found
+
+    @property
+    def is_modified(self):
+        return self.modification != Modification()
+
+    def modified_attention(self, queries, tokens):
+        """The modified layer's attention of the query (``queries`` is its row, (P, 1, D)) over
+        ``tokens`` (P, n, D), every head at once: weights (heads, P, 1, n) and values
+        (heads, P, n, D), through the ensemble's functions of each modification. Keys and values
+        are projected per token here (the modifications act on them), so a step costs O(N D^2)."""
+        if queries.shape[-2] != 1:
+            raise ValueError(f"a modified layer ({self.modification.name}) is read at the query only: queries must "
+                             f"be one row per prompt, got {queries.shape[-2]}")
+        m, heads = self.modification, self.W_Q.shape[0]
+        per_head = tokens.unsqueeze(0).expand(heads, *tokens.shape)
+        keys = per_head @ self.W_K.transpose(-1, -2).unsqueeze(1)
+        if m.key_map != "none":
+            keys = augment(keys, self.key_W1, self.key_b1, self.key_W2, self.key_b2, self.map_kind(m.key_map))
+        query = queries.unsqueeze(0) @ self.W_Q.transpose(-1, -2).unsqueeze(1)
+        if self.attention == "random-features":   # Eqs. (6)-(7), with the temperature on each side
+            root = self.W_K.shape[-2] ** -0.25
+            scores = kernel_scores(root * query, root * keys, PositiveRandomFeatures(self.omega))
+            weights = scores / scores.sum(dim=-1, keepdim=True)
+        else:
+            logits = query @ keys.transpose(-1, -2)
+            weights = (logits / (tokens.shape[-2] - 1) if self.attention == "linear"
+                       else torch.softmax(logits / math.sqrt(self.W_K.shape[-2]), dim=-1))
+        if m.alpha:
+            flag = torch.tensor(m.alpha_form == "constant", device=weights.device)
+            weights = regularized_weights(weights, m.alpha, flag, torch.tensor(m.renormalise, device=weights.device))
+        value_tokens = per_head
+        if m.negative_k and m.beta:
+            n = tokens.shape[-2]
+            if m.negative_k >= n:
+                raise ValueError(f"negative_k={m.negative_k} needs more than {m.negative_k} tokens per prompt, got {n}")
+            with torch.no_grad():
+                index = lowest_scoring((per_head @ self.W_Q.transpose(-1, -2).unsqueeze(1)) @ keys.transpose(-1, -2),
+                                       m.negative_k)
+            per_model = torch.full((heads,), m.negative_k, device=tokens.device)
+            value_tokens = negative_samples(per_head, index, torch.full((heads,), m.beta, dtype=tokens.dtype,
+                                                                        device=tokens.device), per_model)
+        values = value_tokens @ self.W_V.transpose(-1, -2).unsqueeze(1)
+        if m.value_map != "none":
+            values = augment(values, self.value_W1, self.value_b1, self.value_W2, self.value_b2,
+                             self.map_kind(m.value_map))
+        return weights, values
+
+    def map_kind(self, kind):
+        """``augment``'s code of a map kind, one per head."""
+        return torch.full((self.W_Q.shape[0],), MAP_KINDS.index(kind), dtype=torch.long, device=self.W_Q.device)
 
     def query_weight(self, tokens):
         """The query's attention weight on its own token, mean over heads, (P,)."""
@@ -210,7 +300,7 @@ def _train_step(layer, optimizer, schedule, task, config, stream, device):
     return loss.item()
 
 
-def train_layer(task, config, *, device="cpu", progress=False):
+def train_layer(task, config, *, modification=None, device="cpu", progress=False):
     """Train one layer on fresh prompts of ``task`` (a new task weight each), recording the test loss
     and the three measures against the task's one-step comparator at its best learning rate (tuned
     on separate prompts) at ``config.checkpoints`` evenly spaced steps. Returns (layer, record), the
@@ -223,9 +313,10 @@ def train_layer(task, config, *, device="cpu", progress=False):
     ``steps // 2`` would give.
 
     ``task`` is a :class:`PromptDistribution` or any object with its ``token_dim``, ``sample``,
-    ``one_step`` and ``best_lr`` (the softmax-regression tasks of :mod:`icl_lens.studies.li_et_al`)."""
+    ``one_step`` and ``best_lr`` (the softmax-regression tasks of :mod:`icl_lens.studies.li_et_al`).
+    ``modification`` trains the paper's modified layer (:class:`PromptAttentionLayer`)."""
     device = pick(device)
-    layer = PromptAttentionLayer(task.token_dim, config, device=device)
+    layer = PromptAttentionLayer(task.token_dim, config, modification=modification, device=device)
     optimizer, schedule = _optimiser(layer, config, config.steps)
     stream = generator(config.seed + 1, device)
     test, tuning = test_and_tuning_prompts(task, config.test_prompts, config.seed, device)
