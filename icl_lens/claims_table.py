@@ -21,7 +21,7 @@ from typing import TypedDict
 
 from icl_lens import statistics
 from icl_lens.results import load_result, repository_root, save_result
-from icl_lens.studies import across_tasks, li_et_al, section5, section5_claims, table1
+from icl_lens.studies import across_tasks, li_et_al, modifications_across_tasks, section5, section5_claims, table1
 
 VOCABULARY = statistics.VERDICTS
 FIELDS = ("id", "paper", "where", "claim", "sentence", "task", "quantity", "kind", "scope", "compared", "verdict",
@@ -347,6 +347,28 @@ def across_rows(saved, record):
     return rows
 
 
+def new_task_rows(data):
+    """The linear claims judged again with a new task per prompt
+    (:mod:`icl_lens.studies.modifications_across_tasks`), from the study's saved verdicts, checked
+    against its record; none where the study has not been saved."""
+    folder = Path(data) / "modifications_across_tasks"
+    if not (folder / "modifications_across_tasks.json").exists():
+        return []
+    saved = load_result(folder, "modifications_across_tasks_claims")["claims"]
+    record = load_result(folder, "modifications_across_tasks")
+    check_saved(saved, modifications_across_tasks.claims(record), folder / "modifications_across_tasks_claims.json",
+                f"python -m icl_lens reproduce modifications-across-tasks --reuse --out {folder}")
+    rows = []
+    for claim in saved:
+        row = blank(id=claim["id"], paper="R&L", where=claim["where"], claim=f"{claim['claim']} (new task per prompt)",
+                    sentence=claim.get("sentence", ""), task=claim["task"], quantity=claim.get("quantity", "final"),
+                    kind=claim["rule"], verdict=claim["verdict"])
+        row.update(comparative_section5(claim, {claim["task"]: record["record"]}))
+        row["section"] = "modifications_across_tasks"
+        rows.append(row)
+    return rows
+
+
 def family(rows, alpha=statistics.ALPHA):
     """Benjamini-Yekutieli over both tests (agreeing, disagreeing) of every comparative row, with
     Tarone's exclusion of the tests that cannot pass (:func:`icl_lens.statistics.family_adjusted`);
@@ -433,6 +455,8 @@ def every_claim(data=None):
         if row["verdict"] not in VOCABULARY + ("not run",):
             raise ValueError(f"claim {row['id']}: verdict {row['verdict']!r} is not in {VOCABULARY}")
     judged = family([row for row in rows if row["verdict"] != "not run"])
+    # the new-task protocol's rows are a family of their own, declared before that study ran
+    judged += family(new_task_rows(data))
     return [{field: row[field] for field in FIELDS} for row in judged + [r for r in rows if r["verdict"] == "not run"]]
 
 
@@ -488,6 +512,8 @@ GROUPS = (
     ("R&L App. E.2.2: the exponential task", lambda r: r["task"] == "exponential"),
     ("R&L App. E.1 and E.4: random weights, random features and the FFN layer",
      lambda r: r["id"].startswith(("random-features", "rank-", "transformer-", "equivalence-random"))),
+    ("R&L Sec. 5 and App. E.1-E.3 again: the linear task with a new task per prompt (a family of its own)",
+     lambda r: r["task"] == modifications_across_tasks.FAMILY),
     ("R&L App. E.1: training across tasks", lambda r: r["id"].startswith("across-")),
     ("R&L App. E.5: Table 1, on the WordNet entailment stand-in with MiniLM", lambda r: r["id"].startswith("table1")),
     ("Li et al.", lambda r: r["paper"] == "Li et al."),
@@ -497,6 +523,8 @@ UNITS = {
     "mean log losses (a speed), in the paper's direction: +0.1 is about a tenth better (or faster, or worse, as "
     "the claim says)",
     "R&L App. E.2.1: the trigonometric task": "as for the linear task",
+    "R&L Sec. 5 and App. E.1-E.3 again: the linear task with a new task per prompt (a family of its own)":
+    "as for the linear task",
     "R&L App. E.2.2: the exponential task": "as for the linear task",
     "R&L App. E.5: Table 1, on the WordNet entailment stand-in with MiniLM": "validation accuracy, in the "
     "paper's direction",

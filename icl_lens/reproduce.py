@@ -64,7 +64,8 @@ from icl_lens.figures import table1 as table1_figures
 from icl_lens.figures import theory as theory_figures
 from icl_lens.results import (NUMBER, RecordError, check_writable_folder, load_result, repository_root,
                               results_dir, save_result, to_plain, write_json)
-from icl_lens.studies import across_tasks, ffn_rank, li_et_al, section5, section5_claims, table1
+from icl_lens.studies import (across_tasks, ffn_rank, li_et_al, modifications_across_tasks, section5, section5_claims,
+                              table1)
 from icl_lens.training.journal import differences, plain
 from icl_lens.validation import check_scheduler
 
@@ -342,11 +343,29 @@ def convergence_study(run):
 @dataclass(frozen=True)
 class Study:
     """A study of its own chapter: its module (with ``StudyConfig``, ``run_study`` and ``claims``),
-    the file it is saved as and its figure."""
+    the file it is saved as and its figure; ``config``, ``run`` and ``claims`` stand in for the
+    module's three where one module holds two outputs (a study and its pilot). A module with
+    ``JOURNALED`` keeps each finished job in ``<out>/journal/<file>`` (``--grow`` continues it)."""
 
     module: object
     file: str
     figure: object
+    config: object = None
+    run: object = None
+    claims: object = None
+
+    def default_config(self):
+        return (self.config or self.module.StudyConfig)()
+
+    def train(self, *args, **kwargs):
+        return (self.run or self.module.run_study)(*args, **kwargs)
+
+    def judge(self, record):
+        return (self.claims or self.module.claims)(record)
+
+    @property
+    def journaled(self):
+        return getattr(self.module, "JOURNALED", False)
 
 
 def study_title(name, record):
@@ -356,6 +375,10 @@ def study_title(name, record):
     if name == "table1":
         model = "a tiny random BERT" if record["study"]["model"] == table1.TINY_BERT else "all-MiniLM-L6-v2"
         return f"Table 1 offline: {model} on WordNet entailment, seeds {seeds}"
+    if name == "modifications-across-tasks":
+        return f"R&L's modifications with a new task per prompt (linear task): median and quartiles over {len(seeds)} seeds"
+    if name == "modifications-pilot":
+        return f"pilots of the new-task protocol: the normal layer (and g2), seeds {seeds}"
     return f"a trained softmax layer against one GD step (Li et al., rebuilt): median and quartiles over seeds {seeds}"
 
 
@@ -363,6 +386,15 @@ STUDIES = {
     "multitask": Study(across_tasks, "multitask", prompt_layer_figures.across_tasks_figure),
     "softmax-regression": Study(li_et_al, "closeness", prompt_layer_figures.softmax_layer_figure),
     "table1": Study(table1, "table1", table1_figures.table1_figure),
+    "modifications-across-tasks": Study(
+        modifications_across_tasks, "modifications_across_tasks",
+        lambda record, title: section5_figures.experiment_figure(
+            record["record"], ["regularized", "augmented", "negative", "combination"], title=title)),
+    "modifications-pilot": Study(
+        modifications_across_tasks, "modifications_pilot",
+        lambda record, title: section5_figures.pilot_figure(record["records"], title=title),
+        config=modifications_across_tasks.PilotConfig, run=modifications_across_tasks.run_pilot,
+        claims=modifications_across_tasks.pilot_claims),
 }
 
 
@@ -373,7 +405,7 @@ def chapter_study(name):
     study = STUDIES[name]
 
     def write(run):
-        config = study.module.StudyConfig()
+        config = study.default_config()
         config = config.quick() if run.quick else config
         if run.seeds is not None:
             config = replace(config, seeds=tuple(run.seeds))
@@ -384,7 +416,9 @@ def chapter_study(name):
                 record["summary"] = study.module.summarise(record)
         else:
             lent = {}
-            if run.grow and there:
+            if study.journaled:   # each finished job is kept; --grow reads them back
+                lent = {"journal": Path(run.out) / JOURNAL / study.file, "keep": run.grow}
+            elif run.grow and there:
                 # the saved record lends the runs the study shares with it; only the others train
                 if not hasattr(study.module, "reusable_runs"):
                     raise ValueError(f"--grow: the {name} study cannot reuse a saved record's runs")
@@ -393,13 +427,13 @@ def chapter_study(name):
                     raise ValueError(f"--grow: {run.out}/{study.file}.json was trained with another model, data "
                                      "or optimiser, so none of its runs can be reused; train it anew without --grow")
             start = time.perf_counter()
-            record = study.module.run_study(config, device=run.device, progress=run.log is not None,
-                                            workers=run.workers, scheduler=run.scheduler, **lent)
+            record = study.train(config, device=run.device, progress=run.log is not None,
+                                 workers=run.workers, scheduler=run.scheduler, **lent)
             run.say(f"{name}: {time.perf_counter() - start:.1f} s")
         paths = run.save(name, study.file, record, study.figure(record, title=study_title(name, record)))
         # judged on the record as saved (JSON sorts its keys), as the chapter reads it back
         saved = load_result(run.out, study.file)
-        run.save(f"{name} claims", f"{study.file}_claims", {"claims": study.module.claims(saved)})
+        run.save(f"{name} claims", f"{study.file}_claims", {"claims": study.judge(saved)})
         return paths
     return write
 
@@ -425,7 +459,7 @@ OUTPUTS_TABLE = {
 }
 # the Section 5 outputs drawn from the task records grow them through the journal (out/journal);
 # with "all" the other outputs are computed as without --grow
-GROWS = (*(name for name, study in STUDIES.items() if hasattr(study.module, "reusable_runs")),
+GROWS = (*(name for name, study in STUDIES.items() if hasattr(study.module, "reusable_runs") or study.journaled),
          "fig3", "fig10", "fig11", "fig12", "fig13", "paired", "all")
 JOURNAL = "journal"
 FIGURES = tuple(name for name, (_, in_all) in OUTPUTS_TABLE.items() if in_all)
@@ -623,7 +657,7 @@ def saved_claims(name, folder, record):
     was saved, and fails if the saved verdicts no longer follow from the record."""
     study = STUDIES[name]
     saved = load_result(folder, f"{study.file}_claims")["claims"]
-    recomputed = json.loads(json.dumps(to_plain(study.module.claims(record))))
+    recomputed = json.loads(json.dumps(to_plain(study.judge(record))))
     if saved != recomputed:
         raise ValueError(f"{folder}/{study.file}_claims.json is not what the record gives: rerun "
                          f"python -m icl_lens reproduce {name} --reuse --out {folder}")

@@ -1,7 +1,7 @@
 """Figures of the Section 5 study (R&L Figs. 3, 10-13, the paired comparisons and the
-convergence study) from its saved records.
+convergence study) from its saved records, and of the same study with a new task per prompt.
 
-Chapters: experiments.
+Chapters: experiments, modifications_across_tasks.
 """
 
 import math
@@ -18,6 +18,7 @@ BASELINES = {   # key in a record's baselines: (legend label, line style)
     "context_mean": ("context mean (uniform attention)", ":"),
     "nadaraya_watson": ("Nadaraya-Watson (softmax on raw inputs)", "-."),
     "least_squares": ("least squares on the prompt", (0, (5, 2, 1, 2))),
+    "one_gd_step": ("one GD step at its best rate (new task per prompt)", (0, (3, 1, 1, 1, 1, 1))),
     "log_least_squares": ("least squares on log s", (0, (1, 1))),
 }
 
@@ -72,7 +73,9 @@ def _test_panel(axis, result, named_curves, normal, *, legend=True, compact=None
         axis.axhline(max(value, bottom), color="grey", linestyle=style, linewidth=1.0,
                      label=label + (f" ({value:.0e}: below the axis)" if value < bottom else ""))
     axis.set_ylim(bottom, max(2.0, 1.5 * float(finite.max())) if finite.numel() else 2.0)
-    axis.set(yscale="log", xlabel="epoch (16384 tokens)", ylabel="test MSE / label variance")
+    unit = (f"{config['steps_per_epoch']} steps of {config['batch']} prompts" if "batch" in config
+            else f"{config['tokens_per_epoch']} tokens")
+    axis.set(yscale="log", xlabel=f"epoch ({unit})", ylabel="test MSE / label variance")
     integer_ticks(axis, most=None if compact is None else compact)
     axis.grid(True, which="both", alpha=0.3)
     if legend:
@@ -295,4 +298,21 @@ def context_use_figure(record):
         axis.set_ylabel("test MSE / label variance")
     figure.tight_layout(rect=(0, 0.06, 1, 1))
     _seed_legend(figure, list(axes.flat[:len(panels)]), columns=8)
+    return figure
+
+
+@styled
+def pilot_figure(records, *, title):
+    """The pilots of the new-task protocol, one panel a task: the normal model (and, on the linear
+    task, g2) per seed against the training-free baselines of a new task per prompt."""
+    shown = _by_task(records)
+    figure, axes = plt.subplots(1, len(shown), figsize=(COLUMN, 4.4), squeeze=False)
+    for axis, (kind, record) in zip(axes[0], shown):
+        named = {name: curve for group in ("augmented",) for name, curve in section5.curves(record, group).items()}
+        _test_panel(axis, record, named, section5.curves(record, "normal")["normal"], legend=False, compact=4)
+        axis.set_title(kind)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    figure.suptitle(title)
+    figure.subplots_adjust(left=0.08, right=0.98, top=0.88, bottom=0.36, wspace=0.35)
     return figure

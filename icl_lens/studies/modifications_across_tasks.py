@@ -1,147 +1,227 @@
 """R&L's attention modifications where in-context learning happens: the Section 5 layer trained with
-a new task weight W for every prompt (the pilot of the study; the fixed-task protocol is
-:mod:`icl_lens.studies.section5`).
+a new task weight W for every prompt, and the linear task's Section 5 claims judged again on it.
 
-Chapters: none (a pilot: its chapter comes with the study).
+Chapters: modifications_across_tasks.
 
 R&L train each modified layer on one fixed task per seed (Sec. 5, App. E.1) and leave "the
-multi-task scenario" open. Here the same layer, :class:`icl_lens.training.ensemble.AttentionEnsemble`
-with the same :class:`~icl_lens.training.ensemble.Modification` switches (one implementation of
-each modification for both protocols), trains on prompts whose task weight is drawn afresh for each
-prompt, with Adam on batches of prompts (the across-tasks chapter found one sequence per SGD step
-too slow to leave the plateau). Each seed fixes the initial layer, the training prompts and the test
-prompts; every model of a seed sees the same prompts, so models are compared seed by seed.
+multi-task scenario" open: with a new task at each step "a single attention layer" gave
+"disordered predictions". The across-tasks chapter found that one layer does learn the linear task
+with a new task per prompt when trained with Adam on batches of prompts. Here the Section 5 study
+itself (:func:`icl_lens.studies.section5.run_experiments`: the same
+:class:`~icl_lens.training.ensemble.AttentionEnsemble`, the same modifications, decay schedule,
+half-length run, test sets, round-off twins, context use, journal and pool) runs under its
+``protocol="new task per prompt"``: every training and test sequence has its own W ~ N(0, I), Adam
+on ``batch`` prompts per step, one learning rate for every model (learning-rate matched), the
+primary (proportional) reading of alpha. The training-free baselines are those of a new task per
+prompt: zero, the context mean, least squares and one gradient step at its best learning rate
+(:func:`icl_lens.studies.section5.new_task_baselines`).
 
-The pilot measures, for the normal layer and one modified layer, the time per step and the test
-loss over training against the training-free baselines (zero, the context mean, one gradient step
-at its best learning rate, least squares), so that the study's steps, batch and learning rate are
-fixed before any verdict is computed.
+The claims of the linear task (:data:`icl_lens.studies.section5_claims.CLAIMS`) are judged on this
+record by the same rules, as rows of their own family: :func:`claims`.
 """
 
-import time
-from dataclasses import dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, replace
 
-import torch
-
-from icl_lens import baselines
-from icl_lens.device import generator as make_generator
-from icl_lens.device import pick
-from icl_lens.tasks import LINKS, RegressionTask
-from icl_lens.training.ensemble import AttentionEnsemble, LayerConfig, Modification, squared_errors, test_loss
+from icl_lens.studies import section5, section5_claims
+from icl_lens.studies.section5 import ALPHAS, ExperimentConfig, regularized_grid
+from icl_lens.tasks import RegressionTask
+from icl_lens.training.data import new_task_sequences  # noqa: F401  (the protocol's draw, named here too)
+from icl_lens.training.ensemble import Modification
 from icl_lens.validation import check_positive_float, check_positive_int, check_seeds
 
-# the generators of a seed: its training prompts (the seed itself), its test prompts and the
-# prompts that choose one gradient step's learning rate (the layer's is 10_000 + seed)
-TEST_PROMPTS, TUNING_PROMPTS = 6_000_000, 7_000_000
+PROTOCOL = "new task per prompt"
+TASKS = {"linear": RegressionTask.linear, "trigonometric": RegressionTask.trigonometric,
+         "exponential": RegressionTask.exponential}
+# the rows of this protocol are judged on the record under this name (claims.json's "task")
+FAMILY = "linear (new task per prompt)"
+# the levels the speed rows are read at, as fractions of the label variance, fixed before the
+# study ran from the pilot's normal models (``reproduce modifications-pilot``): the layers plateau
+# near 0.7 of the label variance here (0.01-0.03 on one fixed task), so the fixed-task levels are
+# never reached
+SPEED_LEVELS = {"speed": 0.8, "speed, early": 0.9, "speed, late": 0.75}
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """The study (or a pilot) of one task under the new-task protocol. Defaults: the linear task's
+    study. ``variants`` "claims": every model the linear claims name (normal, alpha in
+    {-0.5, -0.1, 0.1, 0.5} proportional, g1, g2, g1 + g2, g2+, the six negative-sample settings, the
+    six combinations) and the normal model's round-off twin; "pilot": normal and g2; "normal": the
+    normal model alone (the learnability pilots)."""
+
+    kind: str = "linear"
+    variants: str = "claims"
+    seeds: tuple = tuple(range(20))
+    epochs: int = 100
+    steps_per_epoch: int = 20
+    batch: int = 64                 # prompts per step, each with its own W
+    lr: float = 1e-2                # Adam, every model
+    num_features: int = None        # None: 100 (d_t + d_s), the Section 5 layer's
+    test_sequences: int = 256
+    final_test_sequences: int = 4096
+    checkpoints: int = 32
+
+    def __post_init__(self):
+        if self.kind not in TASKS:
+            raise ValueError(f"kind must be one of {sorted(TASKS)}, got {self.kind!r}")
+        if self.variants not in ("claims", "pilot", "normal"):
+            raise ValueError(f"variants must be 'claims', 'pilot' or 'normal', got {self.variants!r}")
+        if self.variants == "claims" and self.kind != "linear":
+            raise ValueError("variants='claims' is the linear task's study; the other tasks have a pilot ('normal')")
+        check_seeds(self.seeds)
+        for name in ("epochs", "steps_per_epoch", "batch", "test_sequences", "final_test_sequences", "checkpoints"):
+            check_positive_int(getattr(self, name), name)
+        if self.num_features is not None:
+            check_positive_int(self.num_features, "num_features")
+        check_positive_float(self.lr, "lr")
+
+    def experiment(self):
+        """The Section 5 config of this study."""
+        task = TASKS[self.kind]()
+        return ExperimentConfig(
+            task=task, protocol=PROTOCOL, optimizer="adam", batch=self.batch, lr_normal=self.lr, lr_other=self.lr,
+            epochs=self.epochs, tokens_per_epoch=self.steps_per_epoch * self.batch * task.num_tokens,
+            seeds=tuple(self.seeds), regularized=regularized_grid(ALPHAS, forms=("proportional",)),
+            num_features=self.num_features, test_sequences=self.test_sequences,
+            final_test_sequences=self.final_test_sequences, checkpoints=self.checkpoints)
+
+    def variant_list(self):
+        config = self.experiment()
+        if self.variants == "claims":
+            return config.variants()
+        normal = section5.Variant("normal", Modification(), self.lr)
+        if self.variants == "normal":
+            return [normal]
+        return [normal, section5.Variant("augmented", Modification(key_map="gelu"), self.lr)]
+
+    def quick(self):
+        """CI sizes (well under a minute): two seeds, 4 epochs of 4 steps of 16 prompts, d_r = 64."""
+        return replace(self, seeds=tuple(self.seeds)[:2], epochs=4, steps_per_epoch=4, batch=16, num_features=64,
+                       test_sequences=16, final_test_sequences=32, checkpoints=4)
 
 
 @dataclass(frozen=True)
 class PilotConfig:
-    """One pilot run: every variant for every seed, trained as one ensemble with Adam."""
+    """The pilots, run before the study: on the linear task the normal and g2 models (steps to
+    convergence and time per step, which fixed the study's sizes and speed levels), on the
+    trigonometric and exponential tasks the normal model alone (can one layer learn them across
+    tasks at all, and is their loss measurable?), at the study's sizes."""
 
-    task: RegressionTask = field(default_factory=RegressionTask.linear)
-    variants: tuple = (Modification(), Modification(key_map="gelu"))   # normal and g2
     seeds: tuple = (0, 1)
-    batch: int = 64                 # prompts per step, each with its own task weight
-    steps: int = 2000
-    lr: float = 1e-3                # Adam
-    checkpoints: int = 20
-    test_prompts: int = 1024
-    num_features: int = None        # None: 100 * token_dim, as Section 5
-    dtype: str = "float32"
+    kinds: tuple = tuple(TASKS)
+    quick_sizes: bool = False
 
     def __post_init__(self):
-        for name in ("batch", "steps", "checkpoints", "test_prompts"):
-            check_positive_int(getattr(self, name), name)
-        check_positive_float(self.lr, "lr")
         check_seeds(self.seeds)
-        if not self.variants or not all(isinstance(v, Modification) for v in self.variants):
-            raise ValueError("variants must hold at least one Modification")
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        unknown = [k for k in self.kinds if k not in TASKS]
+        if not self.kinds or unknown:
+            raise ValueError(f"kinds must name tasks of {sorted(TASKS)}, got {self.kinds!r}")
+
+    def studies(self):
+        found = [StudyConfig(kind=kind, variants="pilot" if kind == "linear" else "normal", seeds=self.seeds)
+                 for kind in self.kinds]
+        return [study.quick() for study in found] if self.quick_sizes else found
 
     def quick(self):
-        """Small sizes for tests and CI (seconds)."""
-        return PilotConfig(task=self.task, variants=self.variants, seeds=self.seeds[:2], batch=16, steps=40,
-                           lr=self.lr, checkpoints=4, test_prompts=64, num_features=self.num_features,
-                           dtype=self.dtype)
+        return replace(self, seeds=tuple(self.seeds)[:2], quick_sizes=True)
 
 
-def new_task_sequences(task, count, *, generator=None):
-    """``count`` sequences of ``task``, each with its own task weight W ~ N(0, 1) (float64, cpu):
-    tokens (count, num_tokens, token_dim) with the query's label 0, targets (count, output_dim)."""
-    check_positive_int(count, "count")
-    weights = torch.randn(count, task.output_dim, task.input_dim, generator=generator, dtype=torch.float64)
-    uniform = torch.rand(count, task.num_tokens, task.input_dim, generator=generator, dtype=torch.float64)
-    inputs = task.input_low + (task.input_high - task.input_low) * uniform
-    labels = LINKS[task.kind](inputs @ weights.transpose(-1, -2))
-    targets = labels[:, -1, :].clone()
-    labels[:, -1, :] = 0.0
-    return torch.cat([inputs, labels], dim=-1), targets
+def run_pilot(config, *, device="cpu", progress=False, workers=1, scheduler=None, journal=None, keep=False):
+    """Train the pilots in one pool: {"study": the pilot config, "records": {task: task record},
+    "seconds": {task: training seconds}}."""
+    studies = config.studies()
+    records, seconds = section5.run_experiments([s.experiment() for s in studies], device=device, progress=progress,
+                                                compile=False, variants=[s.variant_list() for s in studies],
+                                                workers=workers, scheduler=scheduler, journal=journal, keep=keep)
+    for record in records:
+        record["protocol"] = PROTOCOL
+    return {"study": {**asdict(config), "seeds": list(config.seeds), "sizes": asdict(studies[0])},
+            "records": {s.kind: r for s, r in zip(studies, records)},
+            "seconds": {s.kind: t for s, t in zip(studies, seconds)}}
 
 
-def baseline_losses(task, tokens, targets, tuning_tokens, tuning_targets):
-    """The training-free predictors' test MSE on one seed's prompts (float64): zero (the label
-    variance, W ~ N(0, I) has mean 0), the context mean, one gradient step from 0 at its best
-    learning rate (chosen on the tuning prompts) and least squares on the prompt."""
-    def split(sequences):
-        inputs, labels = sequences[..., : task.input_dim], sequences[..., task.input_dim]
-        return inputs[:, :-1], labels[:, :-1], inputs[:, -1]
-
-    x_context, y_context, x_query = split(tokens)
-    y = targets[:, 0]
-    lr_star = baselines.optimal_one_step_lr(*split(tuning_tokens), tuning_targets[:, 0])
-    predictions = {"zero": torch.zeros_like(y), "context mean": baselines.context_mean(x_context, y_context, x_query),
-                   "one GD step (lr*)": baselines.one_step_gd(x_context, y_context, x_query, lr_star),
-                   "least squares": baselines.least_squares(x_context, y_context, x_query)}
-    found = {name: float(((p - y) ** 2).mean()) for name, p in predictions.items()}
-    return {**found, "label_variance": float((y ** 2).mean()), "lr_star": float(lr_star)}
+def pilot_claims(saved):
+    """The pilots decide no claim: their reading is :func:`learnability` (in the chapter)."""
+    return []
 
 
-def run_pilot(config, *, device="cpu", progress=False):
-    """Train every variant of ``config`` for every seed; return a JSON-ready record: per model the
-    test MSE at the checkpoints (the seed's fixed test prompts), per seed the baselines, and the
-    seconds per step."""
-    device = pick(device)
-    dtype = getattr(torch, config.dtype)
-    models = [(variant, seed) for seed in config.seeds for variant in config.variants]
-    layer = LayerConfig(token_dim=config.task.token_dim, num_features=config.num_features)
-    ensemble = AttentionEnsemble(layer, [v for v, _ in models], [s for _, s in models], dtype=dtype, device=device)
-    optimizer = torch.optim.Adam(ensemble.parameters(), lr=config.lr)
-    streams = {s: make_generator(s) for s in config.seeds}
-    tests = {s: new_task_sequences(config.task, config.test_prompts, generator=make_generator(TEST_PROMPTS + s))
-             for s in config.seeds}
-    tuning = {s: new_task_sequences(config.task, config.test_prompts, generator=make_generator(TUNING_PROMPTS + s))
-              for s in config.seeds}
-    seed_of = [s for _, s in models]
+# a job of the study is one seed's part of its models, as in Section 5; the journal keeps them
+JOURNALED = True
 
-    def stacked(per_seed, part):
-        return torch.stack([per_seed[s][part] for s in seed_of]).to(dtype=dtype, device=device)
 
-    test_tokens, test_targets = stacked(tests, 0), stacked(tests, 1)
-    marks = sorted({max(1, config.steps * j // config.checkpoints) for j in range(1, config.checkpoints + 1)})
-    curve, train_loss, started = [], [], time.perf_counter()
-    for step in range(1, config.steps + 1):
-        drawn = {s: new_task_sequences(config.task, config.batch, generator=streams[s]) for s in config.seeds}
-        errors = squared_errors(ensemble, stacked(drawn, 0), stacked(drawn, 1))
-        optimizer.zero_grad(set_to_none=True)
-        errors.sum().backward()
-        optimizer.step()
-        train_loss.append(errors.detach().to(torch.float64))
-        if step in marks:
-            curve.append(test_loss(ensemble, test_tokens, test_targets))
-    seconds = time.perf_counter() - started
-    curve = torch.stack(curve).T
-    return {
-        "config": {"task": config.task.kind, "variants": [v.name for v in config.variants], "seeds": list(config.seeds),
-                   "batch": config.batch, "steps": config.steps, "lr": config.lr, "optimizer": "adam",
-                   "test_prompts": config.test_prompts, "num_features": layer.features, "dtype": config.dtype},
-        "checkpoint_steps": marks,
-        "models": [{"name": v.name, "seed": s, "test_curve": [float(x) for x in curve[i]],
-                    "train_loss": [float(x) for x in torch.stack(train_loss)[:, i]]}
-                   for i, (v, s) in enumerate(models)],
-        "baselines": {str(s): baseline_losses(config.task, *tests[s], *tuning[s]) for s in config.seeds},
-        "seconds_per_step": seconds / config.steps,
-        "device": str(device), "threads": torch.get_num_threads(),
-    }
+def run_study(config, *, device="cpu", progress=False, workers=1, scheduler=None, journal=None, keep=False):
+    """Train the study: {"study": its config, "record": the task record (Section 5's format,
+    read by :mod:`icl_lens.studies.section5_readings`) with this protocol's speed levels}."""
+    records, seconds = section5.run_experiments([config.experiment()], device=device, progress=progress,
+                                                compile=False, variants=[config.variant_list()], workers=workers,
+                                                scheduler=scheduler, journal=journal, keep=keep)
+    record = records[0]
+    record["speed_levels"] = SPEED_LEVELS
+    record["protocol"] = PROTOCOL
+    return {"study": {**asdict(config), "seeds": list(config.seeds), "seconds": seconds[0]}, "record": record}
 
+
+def renamed(claim):
+    """A linear claim of :data:`~icl_lens.studies.section5_claims.CLAIMS` as a row of this protocol:
+    its own id and family; the same sentence, rule and models, with the one learning rate's normal
+    model where the fixed-task row names the normal model at 0.005; no second reading of alpha (the
+    study trains the primary one)."""
+    pairs = claim.pairs
+    if claim.id == "linear-g2-faster":
+        pairs = section5_claims.against_each(section5_claims.augmented("none", "gelu"),
+                                             ["normal", "g1=gelu", "g1=gelu + g2=gelu"])
+    note = "" if claim.id == "linear-combination-sufficient" else claim.note   # every model at one rate here
+    return replace(claim, id=f"{claim.id}-new-task", task=FAMILY, pairs=pairs, other_reading=None, note=note)
+
+
+CLAIMS = tuple(renamed(c) for c in section5_claims.CLAIMS if c.task == "linear" and c.pairs is not None)
+
+
+def claims(saved):
+    """Every linear claim judged on the study's record by the one statistical design
+    (:func:`icl_lens.studies.section5_claims.evaluate`), each row marked with its protocol and the
+    fixed-task row it repeats."""
+    rows = section5_claims.evaluate({FAMILY: saved["record"]}, CLAIMS)
+    for row in rows:
+        row["protocol"] = PROTOCOL
+        row["fixed_task_id"] = row["id"].removesuffix("-new-task")
+    return rows
+
+
+def learnability(record):
+    """Can one layer learn the task across tasks? Per seed of a task record, the normal model's
+    final normalised loss against zero, the context mean, one gradient step and least squares
+    (each normalised by the seed's label variance), and the range of its log loss over the four
+    parts of the final test set (is the loss measurable?)."""
+    found = {}
+    for model in record["models"]:
+        if model["group"] != "normal":
+            continue
+        base = record["baselines"][section5.seed_key(model["seed"])]
+        variance = base["label_variance"]
+        parts = [x for x in model["test_loss_parts"] if x is not None]
+        spread = (max(math.log(x) for x in parts) - min(math.log(x) for x in parts)) if parts and min(parts) > 0 else None
+        found[section5.seed_key(model["seed"])] = {
+            "trained layer": None if model["test_loss"] is None else model["test_loss"] / variance,
+            **{name: base[name] / variance for name in ("zero", "context_mean", "one_gd_step", "least_squares")},
+            "log_range_over_parts": spread}
+    return found
+
+
+# a loss is measurable where a quarter of the final test set moves its log by less than this,
+# seed by seed: twice the verdicts' band (a seed's number must not be decided by its test prompts)
+MEASURABLE = 2 * section5_claims.BAND
+
+
+def learnable(record):
+    """The pilot's reading of one task: ``beats_baselines``, every seed's normal layer ends below
+    both the context mean and one gradient step; ``measurable``, every seed's log loss moves by
+    less than :data:`MEASURABLE` between quarters of its final test set; and the table of
+    :func:`learnability`."""
+    table = learnability(record)
+    beats = all(row["trained layer"] is not None and row["trained layer"] < min(row["context_mean"], row["one_gd_step"])
+                for row in table.values())
+    measurable = all(row["log_range_over_parts"] is not None and row["log_range_over_parts"] < MEASURABLE
+                     for row in table.values())
+    return {"beats_baselines": beats, "measurable": measurable, "table": table}

@@ -34,7 +34,7 @@ from icl_lens.context_use import random_orders
 from icl_lens.device import generator as make_generator
 from icl_lens.device import pick
 from icl_lens.tasks import RegressionTask, sample_sequences, sample_task_weight, task_labels
-from icl_lens.training.data import task_data, test_sets
+from icl_lens.training.data import new_task_data, new_task_test_sets, task_data, test_sets
 from icl_lens.training.ensemble import (AttentionEnsemble, LayerConfig, Modification, equivalence_curve,
                                        squared_errors, test_loss, used_switches)
 from icl_lens.training.journal import Journal
@@ -67,6 +67,10 @@ FINAL_TEST_SET = 8_000_000     # the generator offset of the final test set (the
 # the twin of a seed's normal model starts with one weight of W_Q scaled by 1 + 2**-20 (8 to 16
 # float32 steps of that weight): a run that ends elsewhere is chaotic at round-off level
 TWIN_NUDGE = 2.0 ** -20
+PROTOCOLS = ("fixed task", "new task per prompt")
+# ExperimentConfig's fields of the new-task protocol at their Section 5 values, which a record's
+# config leaves out (plain_config)
+SECTION5_DEFAULTS = {"protocol": "fixed task", "optimizer": "sgd", "batch": 1}
 
 
 def regularized_grid(alphas, forms=("proportional", "constant")):
@@ -129,6 +133,14 @@ class ExperimentConfig:
     # quick mode (CI): two seeds, 4 short epochs; ``quick_tokens_per_epoch`` passes the linear
     # task's early plateau
     quick_tokens_per_epoch: int = 8192
+    # the protocol R&L leave open (App. E.1), with a new task weight for every sequence
+    # (icl_lens.studies.modifications_across_tasks): Adam on batches of ``batch`` prompts per step,
+    # one learning rate for every model. Left at these defaults they are not written in a record's
+    # config, so Section 5's saved records and journals are what they were
+    protocol: str = "fixed task"          # or "new task per prompt"
+    optimizer: str = "sgd"                # or "adam"
+    batch: int = 1                        # sequences per model per step
+    num_features: int = None              # d_r; None: 100 (d_t + d_s), the paper's
 
     def __post_init__(self):
         check_positive_int(self.epochs, "epochs")
@@ -156,14 +168,28 @@ class ExperimentConfig:
             raise ValueError(f"decay_fraction must be in (0, 1], got {self.decay_fraction!r}")
         if any(not isinstance(n, int) or not 0 < n < self.epochs for n in self.shorter_runs):
             raise ValueError(f"shorter_runs must hold epoch counts in (0, epochs={self.epochs}), got {self.shorter_runs!r}")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
+        if self.optimizer not in ("sgd", "adam"):
+            raise ValueError(f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
+        check_positive_int(self.batch, "batch")
+        if self.num_features is not None:
+            check_positive_int(self.num_features, "num_features")
+        if self.optimizer == "adam" and self.lr_normal != self.lr_other:
+            raise ValueError(f"optimizer='adam' trains every model at one learning rate: lr_normal ({self.lr_normal}) "
+                             f"and lr_other ({self.lr_other}) must be equal")
+        if self.tokens_per_epoch < self.task.num_tokens * self.batch:
+            raise ValueError(f"tokens_per_epoch ({self.tokens_per_epoch}) must hold at least one step of {self.batch} "
+                             f"sequences of {self.task.num_tokens} tokens")
 
     @property
     def steps_per_epoch(self):
-        return self.tokens_per_epoch // self.task.num_tokens
+        return self.tokens_per_epoch // (self.task.num_tokens * self.batch)
 
     @property
     def layer(self):
-        return LayerConfig(token_dim=self.task.token_dim, kernel=self.kernel, temperature=self.temperature)
+        return LayerConfig(token_dim=self.task.token_dim, kernel=self.kernel, temperature=self.temperature,
+                           num_features=self.num_features)
 
     @property
     def checkpoint_epochs(self):
@@ -336,6 +362,42 @@ def baseline_losses(task, weight, tokens, targets, seed):
     return found
 
 
+# the generator offset of the prompts that choose one gradient step's learning rate (new-task protocol)
+ONE_STEP_TUNING = 7_000_000
+
+
+def new_task_baselines(task, tokens, targets, seed):
+    """The training-free predictors' test MSE on one seed's test set under the new-task protocol
+    (float64): ``label_variance`` (predicting the labels' mean), ``zero``, ``context_mean``,
+    ``least_squares`` (with an intercept, on the prompt) and ``one_gd_step``, one gradient step
+    from W = 0 on the prompt's squared loss at its best learning rate ``one_gd_step_lr``, chosen on
+    1024 prompts apart from the test set (von Oswald et al.'s comparator of a trained layer)."""
+    y = targets[:, 0]
+    tuning_tokens, tuning_targets = new_task_test_sets(task, [seed], 1024, offset=ONE_STEP_TUNING)[seed]
+    lr_star = baselines.optimal_one_step_lr(*prompts(task, tuning_tokens), tuning_targets[:, 0])
+    x_context, y_context, x_query = prompts(task, tokens)
+
+    def mse(prediction):
+        return float(((prediction - y) ** 2).mean())
+
+    return {"label_variance": float(y.var(unbiased=False)), "zero": mse(torch.zeros_like(y)),
+            "context_mean": mse(baselines.context_mean(x_context, y_context, x_query)),
+            "least_squares": mse(baselines.least_squares(x_context, y_context, x_query, intercept=True)),
+            "one_gd_step": mse(baselines.one_step_gd(x_context, y_context, x_query, lr_star)),
+            "one_gd_step_lr": float(lr_star)}
+
+
+def seed_data(config, seeds):
+    """The training streams, curve test sets and final test sets of ``seeds`` under the config's
+    protocol: one task weight per seed (Section 5) or a new one for every sequence."""
+    if config.protocol == "fixed task":
+        data = task_data(config.task, seeds)
+        return (data, test_sets(config.task, data.weights, config.test_sequences),
+                test_sets(config.task, data.weights, config.final_test_sequences, offset=FINAL_TEST_SET))
+    return (new_task_data(config.task, seeds), new_task_test_sets(config.task, seeds, config.test_sequences),
+            new_task_test_sets(config.task, seeds, config.final_test_sequences, offset=FINAL_TEST_SET))
+
+
 def train_seeds(config, variants, seeds, compile=False, progress=True, position=0, *, device="cpu"):
     """Train ``variants`` for ``seeds`` as one ensemble; return, per model (seed-major order), the
     per-epoch training losses, the test losses at the checkpoints and at the end of each run length
@@ -357,11 +419,9 @@ def train_seeds(config, variants, seeds, compile=False, progress=True, position=
         for m, (variant, _) in enumerate(models):
             if variant.group == "twin":
                 ensemble.W_Q[m, 0, 0] *= 1 + TWIN_NUDGE
-    data = task_data(config.task, seeds)
-    tests = test_sets(config.task, data.weights, config.test_sequences)
+    data, tests, finals = seed_data(config, seeds)
     test_tokens = torch.stack([tests[s][0] for _, s in models]).to(dtype=dtype, device=device)
     test_targets = torch.stack([tests[s][1] for _, s in models]).to(dtype=dtype, device=device)
-    finals = test_sets(config.task, data.weights, config.final_test_sequences, offset=FINAL_TEST_SET)
     final_tokens = torch.stack([finals[s][0] for _, s in models]).to(dtype=dtype, device=device)
     final_targets = torch.stack([finals[s][1] for _, s in models]).to(dtype=dtype, device=device)
     count = min(TEST_PARTS, config.final_test_sequences)
@@ -377,6 +437,10 @@ def train_seeds(config, variants, seeds, compile=False, progress=True, position=
     def whole(parts):   # the loss on the whole final test set, from its parts
         return (parts * sizes[:, None]).sum(0) / config.final_test_sequences
     lr = torch.tensor([v.lr for v, _ in models], dtype=dtype, device=device)
+    optimizer = None
+    if config.optimizer == "adam":   # one rate for all (ExperimentConfig checks it)
+        lr = variants[0].lr
+        optimizer = torch.optim.Adam(ensemble.parameters(), lr=lr)
     steps, checkpoints, curves_at, ended = config.steps_per_epoch, config.checkpoint_epochs, [], {}
     shorter = config.run_lengths[:-1]
 
@@ -390,16 +454,21 @@ def train_seeds(config, variants, seeds, compile=False, progress=True, position=
     def branch(epoch):
         for length in shorter:
             if fork_point(length, config.decay_fraction) == epoch:
-                short, short_data, _ = fork(ensemble, data)
+                short, short_data, state = fork(ensemble, data, optimizer)
+                short_optimizer = None
+                if optimizer is not None:   # the shorter run goes on with the optimiser's state so far
+                    short_optimizer = torch.optim.Adam(short.parameters(), lr=lr)
+                    short_optimizer.load_state_dict(state)
                 train(short, short_data, steps=steps, epochs=length, lr=lr, schedule=schedule(length),
-                      first_epoch=epoch, progress=bar, step_errors=squared_errors, compile=compile)
+                      first_epoch=epoch, progress=bar, step_errors=squared_errors, compile=compile,
+                      batch=config.batch, optimizer=short_optimizer)
                 ended[length] = whole(final_losses(short))
 
     bar = (tqdm(total=config.trained_epochs * steps, unit="step", position=position, mininterval=2,
                 desc=f"{config.task.kind} seeds {list(seeds)} ({len(models)} models)") if progress else None)
     history = train(ensemble, data, steps=steps, epochs=config.epochs, lr=lr, schedule=schedule(config.epochs),
                     before_epoch=branch, progress=bar, step_errors=squared_errors, after_epoch=measure,
-                    compile=compile)
+                    compile=compile, batch=config.batch, optimizer=optimizer)
     if bar is not None:
         bar.close()
     tested = torch.stack(curves_at)
@@ -449,8 +518,9 @@ def measure_context_use(ensemble, data, tests, task):
         order=torch.stack([order[s] for s in seeds]).to(device),
         label_variance=torch.tensor([float(tests[s][1].var(unbiased=False)) for s in seeds], dtype=dtype,
                                     device=device))
-    found["label_row_cosine"] = context_use.label_row_cosine(
-        ensemble.W_V.detach(), torch.stack([data.weights[s] for s in seeds]))
+    if data.fixed_task:   # W_V's label row against the seed's one task weight
+        found["label_row_cosine"] = context_use.label_row_cosine(
+            ensemble.W_V.detach(), torch.stack([data.weights[s] for s in seeds]))
     return [{name: float(values[m]) for name, values in found.items()} for m in range(ensemble.num_models)]
 
 
@@ -586,9 +656,14 @@ def task_record(config, variants, parts, compile):
     context_uses = [row for part in parts for row in part["context_use"]]
     test_parts = [row for part in parts for row in part["test_parts"]]
     models = [(variant, seed) for seed in config.seeds for variant in variants]
-    weights = task_data(config.task, config.seeds).weights
-    tests = test_sets(config.task, weights, config.final_test_sequences, offset=FINAL_TEST_SET)
-    curves = test_sets(config.task, weights, config.test_sequences)
+    data, curves, tests = seed_data(config, config.seeds)
+    if data.fixed_task:
+        baseline = {s: baseline_losses(config.task, data.weights[s], *tests[s], s) for s in config.seeds}
+        # can the seed's task draw show an effect? (decided before training: :func:`screen`)
+        screening = {seed_key(s): screen(config.task, s) for s in config.seeds}
+    else:   # every seed draws the same family of tasks: none is screened out
+        baseline = {s: new_task_baselines(config.task, *tests[s], s) for s in config.seeds}
+        screening = {}
     record = {
         "task": config.task.kind,
         "config": plain_config(config),
@@ -616,12 +691,11 @@ def task_record(config, variants, parts, compile):
             }
             for i, (variant, seed) in enumerate(models)
         ],
-        "baselines": {seed_key(s): {**baseline_losses(config.task, weights[s], *tests[s], s),
+        "baselines": {seed_key(s): {**baseline[s],
                                     # the curve's test set: what its losses and the context use read
                                     "curve_label_variance": float(curves[s][1].var(unbiased=False))}
                       for s in config.seeds},
-        # can the seed's task draw show an effect? (decided before training: :func:`screen`)
-        "screening": {seed_key(s): screen(config.task, s) for s in config.seeds},
+        "screening": screening,
         "equivalence": {seed: curve for part in parts for seed, curve in part["equivalence"].items()},
         # the trained weights of each seed's normal model (Figs. 6-9 measure trained layers)
         "trained_normal": {seed: w for part in parts for seed, w in part["trained_normal"].items()},
@@ -630,7 +704,8 @@ def task_record(config, variants, parts, compile):
                                                for part in parts if seed in part["seeds"]})
                        for seed in config.seeds},
     }
-    record["config"]["deciding"] = sum(screened["passes"] for screened in record["screening"].values())
+    record["config"]["deciding"] = (sum(screened["passes"] for screened in screening.values()) if data.fixed_task
+                                    else len(config.seeds))
     record["convergence"] = convergence(record)
     return record
 
@@ -665,5 +740,8 @@ def plain_config(config):
     plain = asdict(config)
     plain["steps_per_epoch"] = config.steps_per_epoch
     plain["num_features"] = config.layer.features
+    for name, value in SECTION5_DEFAULTS.items():   # Section 5's records keep the config they had
+        if plain[name] == value:
+            del plain[name]
     return plain
 

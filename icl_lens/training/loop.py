@@ -119,9 +119,13 @@ def compiled_sgd_steps(model, step_errors):
 
 
 def train(model, data, *, steps, epochs, lr, step_errors, schedule=None, first_epoch=0, before_epoch=None,
-          after_epoch=None, progress=None, sum_dtype=None, compile=False):
+          after_epoch=None, progress=None, sum_dtype=None, compile=False, batch=1, optimizer=None):
     """SGD on stacked models, one sequence per model per step; returns the per-epoch mean training
-    loss, (epochs, models).
+    loss, (epochs, models). ``batch`` sequences per model per step and a ``torch.optim`` optimizer
+    over ``model.parameters()`` (Adam: per entry, so stacked models still train apart; its rate is
+    set to ``lr * schedule(t)`` before each step, ``lr`` then one number) give the protocol of a
+    new task per prompt (:mod:`icl_lens.studies.modifications_across_tasks`); the defaults are
+    Section 5's, bit for bit what they were.
 
     ``model`` holds M models stacked on dim 0 (an :class:`icl_lens.training.ensemble.AttentionEnsemble`,
     or a module with its ``seeds``); ``data.epoch(model.seeds, steps, dtype, device)`` gives each
@@ -140,6 +144,12 @@ def train(model, data, *, steps, epochs, lr, step_errors, schedule=None, first_e
     it with more intra-op threads. PyTorch's default (not flushed) is back when it returns, also
     around a run forked inside ``before_epoch``; an epoch range that is empty gives (0, M).
     """
+    check_positive_int(batch, "batch")
+    if compile and (optimizer is not None or batch != 1):
+        raise ValueError("compile fuses plain SGD steps on one sequence per model: train with optimizer=None and "
+                         "batch=1, or with compile=False")
+    if optimizer is not None and torch.is_tensor(lr):
+        raise ValueError("an optimizer takes one learning rate for all the models: lr must be a number")
     parameter = next(model.parameters())
     dtype, device = parameter.dtype, parameter.device
     fused = compiled_sgd_steps(model, step_errors) if compile else None
@@ -159,7 +169,7 @@ def train(model, data, *, steps, epochs, lr, step_errors, schedule=None, first_e
             # epoch: a run forked in before_epoch has restored the default when it ends. The setting
             # is per thread, so it is complete with one thread (the full runs' workers).
             torch.set_flush_denormal(True)
-            tokens, targets = data.epoch(model.seeds, steps, dtype, device)
+            tokens, targets = data.epoch(model.seeds, steps * batch, dtype, device)
             total = torch.zeros(len(model.seeds), dtype=sum_dtype or dtype, device=device)
             factors = [1.0 if schedule is None else schedule(epoch * steps + step) for step in range(steps)]
             if fused is not None:
@@ -175,9 +185,17 @@ def train(model, data, *, steps, epochs, lr, step_errors, schedule=None, first_e
                         p.copy_(parameters[name])
             else:
                 for step in range(steps):
-                    errors = step_errors(model, tokens[:, step : step + 1], targets[:, step : step + 1])
+                    rows = slice(step * batch, (step + 1) * batch)
+                    errors = step_errors(model, tokens[:, rows], targets[:, rows])
                     errors.sum().backward()
-                    sgd_step(model.parameters(), lr if schedule is None else lr * factors[step])
+                    rate = lr if schedule is None else lr * factors[step]
+                    if optimizer is None:
+                        sgd_step(model.parameters(), rate)
+                    else:
+                        for group in optimizer.param_groups:
+                            group["lr"] = rate
+                        optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
                     total += errors.detach().to(total.dtype)
                     if progress is not None:
                         progress.update(1)
