@@ -28,6 +28,32 @@ def decided_text(rows):
     return ". ".join(parts)
 
 
+def seeds_text(rows):
+    """The seed counts the comparative ``rows`` are decided at, in words: "5 seeds", "5 or 20 seeds"."""
+    counts = sorted({row["n"] for row in rows if row["n"] is not None})
+    if not counts:
+        return "no seeds"
+    listed = ", ".join(str(n) for n in counts[:-1]) + (" or " if len(counts) > 1 else "") + str(counts[-1])
+    return f"{listed} seeds"
+
+
+def needed_text(needed, comparative):
+    """The seeds the inconclusive comparisons would need (``needed``: simulated counts, None beyond
+    100), in a sentence."""
+    known = sorted(n for n in needed if n is not None)
+    if not needed:
+        return f"**Every comparison is decided** at {seeds_text(comparative)}."
+    text = (f"**What the inconclusive rows would need.** For the {len(needed)} inconclusive comparisons (at "
+            f"{seeds_text(comparative)}), simulation puts the seeds a decision needs ")
+    if known:
+        text += f"at {known[0]} to {known[-1]} (median {statistics.median(known):.0f})"
+        if len(known) < len(needed):
+            text += f", and beyond 100 for {len(needed) - len(known)} of them"
+    else:
+        text += "beyond 100 for every one of them"
+    return text + "."
+
+
 def smallness_text(share):
     """Li et al.'s smallness assumption, from the share of prompts that meet it."""
     if share == 0:
@@ -48,7 +74,6 @@ def findings(rows, data=None):
     identities = [row for row in rows if row["kind"] == "exact" and row["id"] != "equivalence-random-weights"]
     comparative = [row for row in rows if row["p"] is not None]
     needed = [row["seeds_needed"] for row in comparative if row["verdict"] == "inconclusive"]
-    known = sorted(n for n in needed if n is not None)
     decided = [row for row in comparative if row["verdict"] != "inconclusive"]
     # the threshold claims (no seeds to test) that disagree, Section 5's: the random-feature study
     thresholds = [row for row in rows if row["p"] is None and row["verdict"] == "disagrees"
@@ -65,17 +90,14 @@ def findings(rows, data=None):
          f"{found['agrees']} agree, {found['disagrees']} disagree, {found['inconclusive']} are inconclusive"
          + (f"; {kept['agrees'] + kept['disagrees']} decisive verdicts survive the correction for all claims "
             "together." if family else
-            "; with five seeds per study no verdict can survive the correction for all claims together, so "
+            f"; at {seeds_text(comparative)} no verdict can survive the correction for all claims together, so "
             "every verdict is provisional."), "#claims-design"),
-        (f"**Five seeds are not enough.** For the inconclusive comparisons, simulation puts the seeds a "
-         f"decision needs at {known[0]} to {known[-1]} (median {statistics.median(known):.0f})"
-         + (f", and beyond 100 for {len(needed) - len(known)} of them" if len(known) < len(needed) else "")
-         + ".", "#claims-seeds"),
+        (needed_text(needed, comparative), "#claims-seeds"),
         (f"**The linear task's Section 5 layers answer from the query's own token.** Trained on one fixed "
          f"task per seed, the linear task's normal layer predicts from the query alone with a median loss of "
          f"{normal['query_alone']:.3f} of the label variance (with its prompt: {normal['intact']:.3f}), so "
          "the modifications are tested on fitting one map more than on learning in context.", "#context-use"),
-        (f"**The comparisons five seeds already decide**: {decided_text(decided)}.", "#experiments-verdicts"),
+        (f"**The comparisons the seeds decide**: {decided_text(decided)}.", "#experiments-verdicts"),
         (f"**Measurements that miss the paper's claim**: " + "; ".join(
             f"{row['claim'].split(' (read:')[0]} (measured {row['effect']:.2g} against {row['band']:.2g})"
             for row in thresholds)

@@ -57,3 +57,15 @@ def test_a_changed_verdict_changes_the_findings(rows):
 def test_the_smallness_sentence_reads_the_share():
     assert "none of the prompts" in findings.smallness_text(0)
     assert "at most 25% of the prompts" in findings.smallness_text(0.25)
+
+
+def test_the_seed_counts_and_the_seeds_needed_are_read_from_the_rows():
+    rows = [{"n": 20}, {"n": 5}, {"n": 20}, {"n": None}]
+    assert findings.seeds_text(rows) == "5 or 20 seeds"
+    assert findings.seeds_text([{"n": 20}]) == "20 seeds"
+    assert findings.seeds_text([{"n": 4}, {"n": 5}, {"n": 20}]) == "4, 5 or 20 seeds"
+    assert findings.needed_text([], rows).startswith("**Every comparison is decided** at 5 or 20 seeds")
+    text = findings.needed_text([30, None, 12], rows)
+    assert "For the 3 inconclusive comparisons (at 5 or 20 seeds)" in text
+    assert "at 12 to 30 (median 21), and beyond 100 for 1 of them." in text
+    assert "beyond 100 for every one of them." in findings.needed_text([None, None], rows)

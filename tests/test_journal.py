@@ -124,3 +124,15 @@ def test_grow_refuses_a_saved_record_of_another_configuration(tmp_path):
     with pytest.raises(ValueError, match=r"--grow: .*task_linear.json was trained with another configuration "
                                          r"\(epochs: 99 -> 2\)"):
         run_.check_growable("linear", small_config((0,)))
+
+
+def test_the_training_time_is_read_from_the_jobs_kept(tmp_path):
+    from icl_lens.training.journal import training_time
+
+    for task, seconds in (("linear", (12.5, 7.5)), ("exponential", (100.0,))):
+        journal = Journal(tmp_path / task, {"workers": 2}, keep=False)
+        for seed, spent in enumerate(seconds):
+            journal.save((seed,), {"seed": seed}, {"seconds": spent, "numbers": [1.0]})
+    (tmp_path / "not-a-journal").mkdir()
+    assert training_time(tmp_path) == {"exponential": {"jobs": 1, "seconds": 100.0, "workers": 2},
+                                       "linear": {"jobs": 2, "seconds": 20.0, "workers": 2}}

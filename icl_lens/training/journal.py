@@ -82,3 +82,15 @@ class Journal:
         # the job's own numbers, nan and infinity included (the record converts them later)
         data = gzip.compress(json.dumps(to_plain(result), sort_keys=True, allow_nan=True).encode("utf-8"), mtime=0)
         write_atomically(self.path(seeds, description), lambda file: file.write(data))
+
+
+def training_time(folder):
+    """{sub-folder (a task): {"jobs": finished jobs, "seconds": their training seconds summed}} of
+    the journals under ``folder``: what a run cost, read from the jobs it kept. With ``workers``
+    processes the run's wall time is about the sum over tasks divided by ``workers``."""
+    found = {}
+    for task in sorted(p for p in Path(folder).iterdir() if (p / CONFIGURATION).exists()):
+        jobs = [json.loads(gzip.decompress(path.read_bytes())) for path in sorted(task.glob("*.json.gz"))]
+        found[task.name] = {"jobs": len(jobs), "seconds": sum(float(job.get("seconds", 0.0)) for job in jobs),
+                            "workers": json.loads((task / CONFIGURATION).read_text()).get("workers", 1)}
+    return found
