@@ -63,7 +63,7 @@ class Row(TypedDict):
     cannot_decide: bool            # the smallest p attainable at n (and the Bonferroni factor) exceeds 0.05
     why: str | None                # for an inconclusive row: why
     seeds_needed: int | None       # inconclusive comparative rows: simulated seeds (lower bound; None: > 100)
-    seeds_apart: dict | None       # Section 5: {seed: why it cannot vote}, decided before training
+    seeds_apart: dict | None       # Section 5: {seed: why it cannot vote}: its screen (before training), or a tie at a speed level
     noise_floor: float | None      # Section 5: median |twin - normal| on the claim's measure
     at_budget: str | None          # a final result on a task whose normal model has not converged
     other_reading: str | None      # Section 5 alpha rows: the constant reading's verdict (outside the counts)
@@ -157,8 +157,8 @@ def comparative_section5(claim, records):
     if claim.get("note"):
         found["reading"] += f"; note: {claim['note']}"
     if claim["verdict"] == "inconclusive":
-        found["why"] = why_inconclusive(d, claim["verdict_at_end"], claim["verdict_at_half"], kind=claim["kind"],
-                                        band=section5_claims.BAND)
+        found["why"] = claim.get("not_measured") or why_inconclusive(
+            d, claim["verdict_at_end"], claim["verdict_at_half"], kind=claim["kind"], band=section5_claims.BAND)
         if claim["rule"] == "unstable" and claim["verdict_at_end"] == claim["verdict_at_half"]:
             found["why"] = (f"{d['only_variant']} seeds unstable only with the variant, {d['only_normal']} only "
                             f"with the normal model, of {d['n']}: McNemar p = {d['p_agree']:.2g}; the exact upper "
@@ -460,27 +460,41 @@ def every_claim(data=None):
     return [{field: row[field] for field in FIELDS} for row in judged + [r for r in rows if r["verdict"] == "not run"]]
 
 
-def counts(rows):
-    """{verdict: number of rows}, in the vocabulary's order ("not run" rows are not counted)."""
-    return {verdict: sum(row["verdict"] == verdict for row in rows) for verdict in VOCABULARY}
+def in_family(rows, new_task=False):
+    """The rows of the main family, or (``new_task``) those of the new-task protocol's family: each
+    counted and corrected on its own, since the second judges the first's linear claims again."""
+    return [row for row in rows if (row["task"] == modifications_across_tasks.FAMILY) == new_task]
 
 
-def surviving(rows):
-    """{verdict: decisive rows whose family-adjusted p is <= 0.05}."""
-    return {verdict: sum(row["verdict"] == verdict and bool(row["survives_family"]) for row in rows)
+def counts(rows, new_task=False):
+    """{verdict: number of rows} of one family (:func:`in_family`), in the vocabulary's order ("not
+    run" rows are not counted)."""
+    return {verdict: sum(row["verdict"] == verdict for row in in_family(rows, new_task)) for verdict in VOCABULARY}
+
+
+def surviving(rows, new_task=False):
+    """{verdict: decisive rows of one family whose family-adjusted p is <= 0.05}."""
+    return {verdict: sum(row["verdict"] == verdict and bool(row["survives_family"]) for row in in_family(rows, new_task))
             for verdict in VOCABULARY[:2]}
 
 
 def summary_line(rows):
-    """One line: the counts, how many decisive rows survive the family correction, the rows not run."""
+    """One line: the counts, how many decisive rows survive the family correction, the rows not run;
+    and the new-task family's counts where it has rows."""
     found, kept = counts(rows), surviving(rows)
     not_run = sum(row["verdict"] == "not run" for row in rows)
-    family = sum(row["p_family"] is not None for row in rows)
+    family = sum(row["p_family"] is not None for row in in_family(rows))
     corrected = (f"surviving Benjamini-Yekutieli at 5% over the family: agrees {kept['agrees']}, disagrees "
                  f"{kept['disagrees']}" if family else "none can survive Benjamini-Yekutieli over the family at "
                  "these seeds (no test can reach its largest threshold)")
-    return (f"{sum(found.values())} claims: agrees {found['agrees']}, disagrees {found['disagrees']}, inconclusive "
+    line = (f"{sum(found.values())} claims: agrees {found['agrees']}, disagrees {found['disagrees']}, inconclusive "
             f"{found['inconclusive']}; {corrected}; {not_run} not run (listed apart)")
+    again, again_kept = counts(rows, new_task=True), surviving(rows, new_task=True)
+    if sum(again.values()):
+        line += (f". Again with a new task per prompt (a family of its own): {sum(again.values())} linear claims, "
+                 f"agrees {again['agrees']}, disagrees {again['disagrees']}, inconclusive {again['inconclusive']}; "
+                 f"surviving its correction: agrees {again_kept['agrees']}, disagrees {again_kept['disagrees']}")
+    return line
 
 
 def number(value, digits=2):
@@ -519,8 +533,8 @@ GROUPS = (
     ("Li et al.", lambda r: r["paper"] == "Li et al."),
 )
 UNITS = {
-    "R&L Sec. 5 and App. E.1-E.3: the linear task": "log ratios of the losses (a final result) or differences of "
-    "mean log losses (a speed), in the paper's direction: +0.1 is about a tenth better (or faster, or worse, as "
+    "R&L Sec. 5 and App. E.1-E.3: the linear task": "log ratios of the losses (a final result) or of the times to a "
+    "level (a speed), in the paper's direction: +0.1 is about a tenth better (or faster, or worse, as "
     "the claim says)",
     "R&L App. E.2.1: the trigonometric task": "as for the linear task",
     "R&L Sec. 5 and App. E.1-E.3 again: the linear task with a new task per prompt (a family of its own)":

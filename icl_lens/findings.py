@@ -65,9 +65,10 @@ def findings(rows, data=None):
     """[(sentence, link)] for the judged ``rows`` of the claims table (``claims_table.saved()``
     without the rows not run) and the saved Section 5 record under ``data`` (default
     ``book/data``). A link is a book label (``#...``) or a chapter file."""
-    from icl_lens.claims_table import counts, surviving
+    from icl_lens.claims_table import counts, in_family, surviving
 
     data = repository_root() / "book" / "data" if data is None else data
+    rows = in_family(rows)   # the new-task protocol's family is read on its own page
     by_id = {row["id"]: row for row in rows}
     found, kept = counts(rows), surviving(rows)
     family = sum(row["p_family"] is not None for row in rows)

@@ -141,7 +141,7 @@ def test_the_linear_claims_are_judged_again_under_the_protocol():
     # on a small record of the study's own variants every row finds its models
     config = small(epochs=2)
     record = run(config, study.StudyConfig().variant_list())
-    record["speed_levels"] = study.SPEED_LEVELS
+    record["speed_levels"] = dict(study.QUICK_LEVELS)
     rows = study.claims({"record": record})
     assert [r["id"] for r in rows] == [c.id for c in study.CLAIMS]
     assert all(r["protocol"] == study.PROTOCOL and r["fixed_task_id"] + "-new-task" == r["id"] for r in rows)
@@ -202,15 +202,16 @@ def test_the_quick_study_and_pilot_run_end_to_end_redraw_and_join_the_claims_tab
     out = tmp_path / "modifications_across_tasks"
     written = reproduce(["modifications-pilot", "modifications-across-tasks"], out=out, quick=True, log=None)
     saved = json.loads(written["modifications-across-tasks"]["json"].read_text())
-    assert saved["record"]["speed_levels"] == study.SPEED_LEVELS and saved["record"]["protocol"] == study.PROTOCOL
+    assert saved["record"]["protocol"] == study.PROTOCOL and saved["record"]["speed_scale"] == "curve"
+    assert set(saved["record"]["speed_levels"]) == set(study.LEVEL_FRACTIONS)
     rows = json.loads(written["modifications-across-tasks claims"]["json"].read_text())["claims"]
     assert len(rows) == len(study.CLAIMS)
     pilot = json.loads(written["modifications-pilot"]["json"].read_text())
     assert set(pilot["records"]) == {"linear", "trigonometric", "exponential"}
     for record in pilot["records"].values():
         reading = study.learnable(record)
-        assert set(reading["table"]) == {"0", "1"} and all(0 < row["zero"] for row in reading["table"].values())
-        assert isinstance(reading["beats_baselines"], bool) and isinstance(reading["measurable"], bool)
+        assert set(reading["table"]) == {"1000", "1001"} and all(0 < row["zero"] for row in reading["table"].values())
+        assert isinstance(reading["learns"], bool) and isinstance(reading["measurable"], bool)
     # each job is in the journal; --reuse redraws the same files without training
     assert len(list((out / "journal" / "modifications_across_tasks" / "linear").glob("seed0-1-*.json.gz"))) == 1
     before = {p.name: p.read_bytes() for p in out.glob("modifications_*")}
@@ -229,3 +230,61 @@ def test_the_quick_study_and_pilot_run_end_to_end_redraw_and_join_the_claims_tab
     claims_file.write_text(json.dumps(tampered))
     with pytest.raises(ValueError, match="modifications_across_tasks_claims.json"):
         claims_table.new_task_rows(tmp_path)
+
+
+def synthetic(first, curves, half_marks):
+    """A task record holding only what the level rule reads: normal models with a first training
+    loss and a test curve, the curve's label variance 2 on every seed."""
+    return {"models": [{"group": "normal", "seed": seed, "train_loss": [2 * start], "test_curve": [2 * x for x in curve]}
+                       for seed, (start, curve) in enumerate(zip(first, curves))],
+            "baselines": {str(seed): {"curve_label_variance": 2.0} for seed in range(len(first))},
+            "epochs": list(range(1, 2 * half_marks[-1] + 1)), "checkpoint_epochs": half_marks + [2 * half_marks[-1]]}
+
+
+def test_the_speed_levels_follow_the_declared_rule():
+    # median first loss 1.0; highest running minimum by half the run 0.7 (seed 1), seed 0 reaches 0.6
+    record = synthetic([1.0, 1.2, 0.9], [[0.8, 0.6, 0.1], [0.9, 0.7, 0.1], [0.8, 0.65, 0.1]], [1, 2])
+    levels = study.levels_from_pilot(record)
+    for quantity, q in study.LEVEL_FRACTIONS.items():
+        assert levels[quantity] == pytest.approx(1.0 ** (1 - q) * 0.7 ** q, rel=1e-12)
+    assert levels["speed, early"] > levels["speed"] > levels["speed, late"] > 0.7
+    # every normal model of the pilot reaches every level by half the run: a check that can fail
+    record["baselines"]["1"]["curve_label_variance"] = 2.5   # seed 1 now reaches 0.56: seed 2 (0.65) is highest
+    moved = study.levels_from_pilot(record)
+    assert moved["speed"] == pytest.approx((0.96 * 0.65) ** 0.5, rel=1e-12)   # median first loss now 0.96
+    # a normal layer that does not fall leaves no level to place
+    with pytest.raises(ValueError, match="no speed level"):
+        study.levels_from_pilot(synthetic([1.0], [[1.2, 1.1, 1.0]], [1, 2]))
+
+
+def test_the_full_study_reads_its_levels_from_the_saved_pilot(monkeypatch, tmp_path):
+    from icl_lens.results import RecordError, save_result
+
+    monkeypatch.setattr("icl_lens.results.repository_root", lambda: tmp_path)
+    with pytest.raises(RecordError, match="reproduce modifications-pilot"):
+        study.pilot_levels()
+    folder = tmp_path.joinpath(*study.PILOT)
+    save_result(folder, "modifications_pilot", {"study": {"quick_sizes": True, "seeds": [1000]},
+                                                "records": {"linear": {"speed_levels": {"speed": 0.8}}}})
+    with pytest.raises(RecordError, match="quick run"):
+        study.pilot_levels()
+    save_result(folder, "modifications_pilot", {"study": {"quick_sizes": False, "seeds": [1000]},
+                                                "records": {"linear": {"speed_levels": {"speed": 0.8}}}})
+    assert study.pilot_levels() == {"speed": 0.8}
+
+
+def test_the_pilot_rule_reads_learning_and_measurability(monkeypatch):
+    row = {"trained layer": 0.7, "zero": 1.0, "context_mean": 1.05, "one_gd_step": 0.42, "least_squares": 0.0,
+           "log_range_over_parts": 0.05, "label_tail_share": 0.02}
+    table = {"0": dict(row), "1": dict(row)}
+    monkeypatch.setattr(study, "learnability", lambda record: table)
+    found = study.learnable({})
+    assert found["learns"] and found["measurable"]         # above one GD step (0.42) and still learning
+    table["1"]["trained layer"] = 1.0                        # within the band of the context mean on one seed
+    assert not study.learnable({})["learns"]
+    table["1"]["trained layer"] = 0.7
+    table["0"]["label_tail_share"] = 0.6                     # a handful of prompts carries the labels' moment
+    assert not study.learnable({})["measurable"]
+    table["0"]["label_tail_share"] = 0.02
+    table["0"]["log_range_over_parts"] = 0.3                 # a quarter of the test set moves the log loss by 0.3
+    assert not study.learnable({})["measurable"]

@@ -380,7 +380,11 @@ def new_task_baselines(task, tokens, targets, seed):
     def mse(prediction):
         return float(((prediction - y) ** 2).mean())
 
+    squares = (y ** 2).sort(descending=True).values
     return {"label_variance": float(y.var(unbiased=False)), "zero": mse(torch.zeros_like(y)),
+            # how much of the labels' second moment the largest 1% of the prompts carry: near 1, a
+            # handful of prompts decides every mean squared error on this set
+            "label_tail_share": float(squares[: max(1, len(y) // 100)].sum() / squares.sum()),
             "context_mean": mse(baselines.context_mean(x_context, y_context, x_query)),
             "least_squares": mse(baselines.least_squares(x_context, y_context, x_query, intercept=True)),
             "one_gd_step": mse(baselines.one_step_gd(x_context, y_context, x_query, lr_star)),
@@ -438,7 +442,9 @@ def train_seeds(config, variants, seeds, compile=False, progress=True, position=
         return (parts * sizes[:, None]).sum(0) / config.final_test_sequences
     lr = torch.tensor([v.lr for v, _ in models], dtype=dtype, device=device)
     optimizer = None
-    if config.optimizer == "adam":   # one rate for all (ExperimentConfig checks it)
+    if config.optimizer == "adam":   # one rate for all
+        if len({v.lr for v in variants}) != 1:
+            raise ValueError(f"optimizer='adam' trains every model at one learning rate, got {sorted({v.lr for v in variants})}")
         lr = variants[0].lr
         optimizer = torch.optim.Adam(ensemble.parameters(), lr=lr)
     steps, checkpoints, curves_at, ended = config.steps_per_epoch, config.checkpoint_epochs, [], {}

@@ -37,7 +37,7 @@ from icl_lens import context_use, statistics
 from icl_lens.studies.section5_readings import convergence, normalised_loss  # noqa: F401
 # the measurements and the threshold claims live in their own modules; they are named here too, so
 # that ``section5_claims.X`` reaches every piece of the Section 5 verdicts
-from icl_lens.studies.section5_measures import (AREA_OF, BAND, QUANTITIES, chaotic, deciding_seeds, difference,  # noqa: F401
+from icl_lens.studies.section5_measures import (AREA_OF, BAND, MOST_TIES, QUANTITIES, chaotic, deciding_seeds, difference,  # noqa: F401
                                                 find_model, markdown_rows, measured, noise_floor, number, paired,
                                                 partner, raw_differences, seeds_apart, speed, speed_level,
                                                 test_set_noise, time_to_level, twin_gap,
@@ -466,6 +466,15 @@ def evaluate(records, claims=CLAIMS):
         # a divergence cannot be undone by training longer: instability seen at the end stands
         stable = full["verdict"] == half["verdict"] or (claim.kind == "unstable" and full["verdict"] == "agrees")
         verdict = full["verdict"] if stable else "inconclusive"
+        # a speed that most seeds cannot order at its level is not measured there
+        voting = [c["seeds"] + c["ties"] for c in chosen_comparisons]
+        tied = max((c["ties"] / n for c, n in zip(chosen_comparisons, voting) if n), default=0.0)
+        unmeasured = None
+        if tied > MOST_TIES:
+            worst = max(chosen_comparisons, key=lambda c: c["ties"])
+            unmeasured = (f"not measured at this level: {worst['ties']} of {worst['seeds'] + worst['ties']} seeds' "
+                          f"pairs are ties there ({worst['name']} against {worst['against']})")
+            verdict = "inconclusive"
         checked = half is not None and half["verdict"] == full["verdict"]
         p = max(full["p"], half["p"]) if checked else full["p"]
         other = None
@@ -482,7 +491,7 @@ def evaluate(records, claims=CLAIMS):
             "measurement": comparison, "at_half": half_comparison,
             "decision": plain_decision(full), "decision_at_half": plain_decision(half) if half else None,
             "verdict_at_end": full["verdict"], "verdict_at_half": half["verdict"] if half else "not applicable",
-            "stable": stable, "verdict": verdict, "p": p,
+            "stable": stable, "verdict": verdict, "p": p, "not_measured": unmeasured,
             "noise_floor": floor_or_none(noise_floor(record, 1.0, claim.quantity)),
             "other_reading": other,
             "area": area_note(claim, record, full),

@@ -36,6 +36,14 @@ def constant_phase_end(record, until=1.0):
     return run_length(record, until) * (1 - decay)
 
 
+def curve_scale(record, seed):
+    """What a seed's test curve is divided by: the label variance of its final test set, or, for a
+    record with ``speed_scale`` "curve" (a new task per prompt, where the labels' variance moves
+    by about a tenth between test sets of 256 prompts), that of the curve's own test set."""
+    baselines = record["baselines"][seed_key(seed)]
+    return baselines["curve_label_variance"] if record.get("speed_scale") == "curve" else baselines["label_variance"]
+
+
 def speed(record, model, until=1.0, part="all"):
     """How fast a model's test loss falls: the mean over the checkpoints of the constant-rate phase
     of the run of ``until`` x epochs (before its decay) of log(test loss / label variance), the
@@ -52,7 +60,7 @@ def speed(record, model, until=1.0, part="all"):
         points = points[-max(1, len(points) // 3):] if part == "late" else points
     if not points:
         raise ValueError(f"the record has no checkpoint in the constant-rate phase of {run_length(record, until)} epochs")
-    variance = record["baselines"][seed_key(model["seed"])]["label_variance"]
+    variance = curve_scale(record, model["seed"])
     if any(loss is None or not math.isfinite(loss) for loss in points):
         return math.inf
     return sum(math.log(loss / variance) for loss in points) / len(points)
@@ -92,7 +100,7 @@ def time_to_level(record, model, level, until=1.0):
     curve starts at the first epoch's mean training loss, placed at epoch 0. inf where the model
     never reaches the level there (censored: slower than any model that does) or diverged."""
     end = constant_phase_end(record, until)
-    variance = record["baselines"][seed_key(model["seed"])]["label_variance"]
+    variance = curve_scale(record, model["seed"])
     first = model["train_loss"][0]
     points = [(0, math.inf if first is None else first / variance)]
     points += [(epoch, math.inf if loss is None else loss / variance)
@@ -173,12 +181,30 @@ def noise_floor(record, until=1.0, quantity="final"):
     return statistics.median(gaps) if gaps else None
 
 
+# a speed row whose pairs are ties at the level (neither model reaches it, or both start at it) on
+# more than this share of its seeds does not measure speed at that level: it is inconclusive
+MOST_TIES = 0.2
+
+
+def level_tie(pair):
+    """Why a pair of times to a level orders nothing, or None: neither model reaches the level in
+    the constant-rate phase, or both are at it from the first point. Symmetric in the two models,
+    so setting such a seed apart favours neither side."""
+    variant, other = pair
+    if math.isinf(variant) and math.isinf(other):
+        return "a tie: neither model reaches the level"
+    if variant == 0.0 and other == 0.0:
+        return "a tie: both models are at the level from the first point"
+    return None
+
+
 def paired(record, name, *, until=1.0, against=None, quantity="final"):
     """Variant ``name`` against its normal partner (or, with ``against``, the model of that name) on
     every seed that votes: the measures of ``quantity``, their per-seed differences
     (:func:`difference`), the ordinary median, the two-sided 95% sign-test interval of the
     differences (None below 6 seeds) with its coverage, and the seeds better / worse by more than
-    the band / diverged; the screened-out seeds apart, with their differences."""
+    the band / diverged; the screened-out seeds apart, with their differences, and for a speed the
+    seeds whose pair is a tie at the level (:func:`level_tie`), which order nothing (``ties``)."""
     if quantity not in QUANTITIES:
         raise ValueError(f"quantity must be one of {list(QUANTITIES)}, got {quantity!r}")
     apart = seeds_apart(record)
@@ -187,8 +213,9 @@ def paired(record, name, *, until=1.0, against=None, quantity="final"):
         model = find_model(record, name, seed)
         other = find_model(record, against, seed) if against else partner(record, model)
         pair = (measured(record, model, until, quantity), measured(record, other, until, quantity))
-        if seed in apart:
-            set_apart[seed_key(seed)] = {"reason": apart[seed],
+        tie = level_tie(pair) if quantity.startswith("speed") else None
+        if seed in apart or tie:
+            set_apart[seed_key(seed)] = {"reason": apart.get(seed, tie),
                                          "difference": finite_or_none(difference(*pair, quantity))}
         else:
             rows.append(pair)
@@ -216,6 +243,7 @@ def paired(record, name, *, until=1.0, against=None, quantity="final"):
         "diverged": sum(not math.isfinite(v) for v in variant),
         "seeds": len(kept),
         "seeds_apart": set_apart,
+        "ties": sum(entry["reason"].startswith("a tie") for entry in set_apart.values()),
     }
 
 
