@@ -63,7 +63,7 @@ class Row(TypedDict):
     cannot_decide: bool            # the smallest p attainable at n (and the Bonferroni factor) exceeds 0.05
     why: str | None                # for an inconclusive row: why
     seeds_needed: int | None       # inconclusive comparative rows: simulated seeds (lower bound; None: > 100)
-    seeds_apart: dict | None       # Section 5: {seed: why it cannot vote}: its screen (before training), or a tie at a speed level
+    seeds_apart: dict | None       # Section 5: {seed: why it cannot vote}, decided before training
     noise_floor: float | None      # Section 5: median |twin - normal| on the claim's measure
     at_budget: str | None          # a final result on a task whose normal model has not converged
     other_reading: str | None      # Section 5 alpha rows: the constant reading's verdict (outside the counts)

@@ -61,18 +61,22 @@ class StudyConfig:
     kind: str = "linear"
     variants: str = "claims"
     seeds: tuple = tuple(range(20))
-    # 2000 Adam steps; an epoch of 5 steps and a checkpoint every 5 epochs resolve the first
-    # crossings (with Adam at 0.01 the loss falls within tens of steps)
-    epochs: int = 400
-    steps_per_epoch: int = 5
-    batch: int = 64                 # prompts per step, each with its own W
+    # Sized by a first pilot (linear task, normal and g2, seeds 1000-1001, Section 5's d_r = 1200,
+    # 2000 steps of 64 prompts): 716 s for its 4 models beside the Section 5 sweep, about 20
+    # seeds x 22 models at 6.7 h here, and seed 1001 never left the first plateau (0.99 of the
+    # label variance; the across-tasks layers left it after 0.5-0.7 million prompts). So: 6000
+    # steps of 128 prompts (768 thousand prompts), d_r = 128, an epoch of 25 steps read at every
+    # epoch (the first fall, within tens of Adam steps at 0.01, is resolved)
+    epochs: int = 240
+    steps_per_epoch: int = 25
+    batch: int = 128                # prompts per step, each with its own W
     lr: float = 1e-2                # Adam, every model
-    num_features: int = None        # None: 100 (d_t + d_s), the Section 5 layer's
+    num_features: int = 128         # d_r (Section 5's 100 (d_t + d_s) = 1200 does not fit the budget)
     # the curve's test set: 1024 prompts, since its labels' variance (each prompt its own W)
     # scales the speed levels
     test_sequences: int = 1024
     final_test_sequences: int = 4096
-    checkpoints: int = 80
+    checkpoints: int = 240
     # the speed levels: None reads them from the saved pilot (levels_from_pilot); "own" applies the
     # rule to the study's own normal models (quick mode only: its verdicts decide nothing)
     speed_levels: object = None

@@ -467,13 +467,12 @@ def evaluate(records, claims=CLAIMS):
         stable = full["verdict"] == half["verdict"] or (claim.kind == "unstable" and full["verdict"] == "agrees")
         verdict = full["verdict"] if stable else "inconclusive"
         # a speed that most seeds cannot order at its level is not measured there
-        voting = [c["seeds"] + c["ties"] for c in chosen_comparisons]
-        tied = max((c["ties"] / n for c, n in zip(chosen_comparisons, voting) if n), default=0.0)
+        tied = max((c["ties"] / len(c["seed_list"]) for c in chosen_comparisons if c["seed_list"]), default=0.0)
         unmeasured = None
         if tied > MOST_TIES:
             worst = max(chosen_comparisons, key=lambda c: c["ties"])
-            unmeasured = (f"not measured at this level: {worst['ties']} of {worst['seeds'] + worst['ties']} seeds' "
-                          f"pairs are ties there ({worst['name']} against {worst['against']})")
+            unmeasured = (f"not measured at this level: {worst['ties']} of {len(worst['seed_list'])} seeds' pairs are "
+                          f"ties there ({worst['name']} against {worst['against']})")
             verdict = "inconclusive"
         checked = half is not None and half["verdict"] == full["verdict"]
         p = max(full["p"], half["p"]) if checked else full["p"]

@@ -188,8 +188,8 @@ MOST_TIES = 0.2
 
 def level_tie(pair):
     """Why a pair of times to a level orders nothing, or None: neither model reaches the level in
-    the constant-rate phase, or both are at it from the first point. Symmetric in the two models,
-    so setting such a seed apart favours neither side."""
+    the constant-rate phase, or both are at it from the first point. The seed still votes (a tie,
+    difference 0: no seed leaves after training); too many ties make the row unmeasured there."""
     variant, other = pair
     if math.isinf(variant) and math.isinf(other):
         return "a tie: neither model reaches the level"
@@ -203,8 +203,8 @@ def paired(record, name, *, until=1.0, against=None, quantity="final"):
     every seed that votes: the measures of ``quantity``, their per-seed differences
     (:func:`difference`), the ordinary median, the two-sided 95% sign-test interval of the
     differences (None below 6 seeds) with its coverage, and the seeds better / worse by more than
-    the band / diverged; the screened-out seeds apart, with their differences, and for a speed the
-    seeds whose pair is a tie at the level (:func:`level_tie`), which order nothing (``ties``)."""
+    the band / diverged; the screened-out seeds apart, with their differences; and for a speed how
+    many voting seeds' pairs are ties at the level (:func:`level_tie`, ``ties``)."""
     if quantity not in QUANTITIES:
         raise ValueError(f"quantity must be one of {list(QUANTITIES)}, got {quantity!r}")
     apart = seeds_apart(record)
@@ -213,9 +213,8 @@ def paired(record, name, *, until=1.0, against=None, quantity="final"):
         model = find_model(record, name, seed)
         other = find_model(record, against, seed) if against else partner(record, model)
         pair = (measured(record, model, until, quantity), measured(record, other, until, quantity))
-        tie = level_tie(pair) if quantity.startswith("speed") else None
-        if seed in apart or tie:
-            set_apart[seed_key(seed)] = {"reason": apart.get(seed, tie),
+        if seed in apart:
+            set_apart[seed_key(seed)] = {"reason": apart[seed],
                                          "difference": finite_or_none(difference(*pair, quantity))}
         else:
             rows.append(pair)
@@ -243,7 +242,7 @@ def paired(record, name, *, until=1.0, against=None, quantity="final"):
         "diverged": sum(not math.isfinite(v) for v in variant),
         "seeds": len(kept),
         "seeds_apart": set_apart,
-        "ties": sum(entry["reason"].startswith("a tie") for entry in set_apart.values()),
+        "ties": sum(level_tie(pair) is not None for pair in rows) if quantity.startswith("speed") else 0,
     }
 
 
