@@ -5,7 +5,7 @@ as they were, and the linear claims judged again on it."""
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -288,3 +288,26 @@ def test_the_pilot_rule_reads_learning_and_measurability(monkeypatch):
     table["0"]["label_tail_share"] = 0.02
     table["0"]["log_range_over_parts"] = 0.3                 # a quarter of the test set moves the log loss by 0.3
     assert not study.learnable({})["measurable"]
+
+
+def test_the_saved_pilot_fixes_the_levels_the_study_reads():
+    """The saved pilot's levels are the declared rule applied to its normal models, and a saved
+    study (once trained) read exactly those: it cannot have run on levels chosen after the pilot."""
+    from icl_lens.results import load_result
+
+    folder = ROOT.joinpath(*study.PILOT)
+    pilot = load_result(folder, "modifications_pilot")
+    assert not pilot["study"]["quick_sizes"] and pilot["study"]["seeds"] == list(study.PILOT_SEEDS)
+    linear = pilot["records"]["linear"]
+    assert linear["speed_levels"] == pytest.approx(study.levels_from_pilot(linear), rel=1e-12)
+    assert study.pilot_levels() == linear["speed_levels"]
+    # the pilot's sizes are the study's, seeds apart
+    assert pilot["study"]["sizes"]["linear"] == {**asdict(study.StudyConfig(variants="pilot",
+                                                                            seeds=study.PILOT_SEEDS)),
+                                                 "seeds": list(study.PILOT_SEEDS)}
+    saved = ROOT / "book" / "data" / "modifications_across_tasks" / "modifications_across_tasks.json"
+    if saved.exists():
+        assert json.loads(saved.read_text())["record"]["speed_levels"] == linear["speed_levels"]
+    # the pilots' reading: what the chapter prints for each task
+    readings = {kind: study.learnable(record) for kind, record in pilot["records"].items()}
+    assert readings["linear"]["learns"] and readings["linear"]["measurable"]

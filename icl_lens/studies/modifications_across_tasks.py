@@ -195,13 +195,13 @@ def run_study(config, *, device="cpu", progress=False, workers=1, scheduler=None
     record["speed_scale"] = "curve"
     if config.speed_levels == "own":
         try:
-            record["speed_levels"], source = levels_from_pilot(record), "the rule on this run's own normal models"
+            record["speed_levels"], source = levels_from_pilot(record), "by the rule on this run's own normal models"
         except ValueError as error:   # too short a run to fall: any levels serve a run that decides nothing
             record["speed_levels"], source = dict(QUICK_LEVELS), f"fixed for a quick run ({error})"
     elif config.speed_levels is None:
-        record["speed_levels"], source = pilot_levels(), "the saved pilot (" + "/".join(PILOT) + ")"
+        record["speed_levels"], source = pilot_levels(), "read from the saved pilot (" + "/".join(PILOT) + ")"
     else:
-        record["speed_levels"], source = dict(config.speed_levels), "given"
+        record["speed_levels"], source = dict(config.speed_levels), "as given"
     record["speed_levels_from"] = source
     return {"study": {**asdict(config), "seeds": list(config.seeds), "seconds": seconds[0]}, "record": record}
 

@@ -205,13 +205,15 @@ def finite_or_none(value):
 
 def curves(result, group, seed=None, *, kind="test"):
     """{name: (seeds, points) tensor} for one group, nan where a run diverged: ``kind="test"`` gives
-    the test losses at the checkpoints divided by each seed's label variance, ``kind="train"`` the
-    raw per-epoch training losses."""
+    the test losses at the checkpoints divided by each seed's label variance (that of the curve's
+    own test set for a record with ``speed_scale`` "curve", a new task per prompt), ``kind="train"``
+    the raw per-epoch training losses."""
     found = {}
+    variance = "curve_label_variance" if result.get("speed_scale") == "curve" else "label_variance"
     for model in result["models"]:
         if model["group"] == group and (seed is None or model["seed"] == seed):
             if kind == "test":
-                scale = result["baselines"][seed_key(model["seed"])]["label_variance"]
+                scale = result["baselines"][seed_key(model["seed"])][variance]
                 losses = [math.nan if x is None else x / scale for x in model["test_curve"]]
             else:
                 losses = [math.nan if x is None else x for x in model["train_loss"]]
