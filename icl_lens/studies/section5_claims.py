@@ -471,8 +471,8 @@ def evaluate(records, claims=CLAIMS):
         unmeasured = None
         if tied > MOST_TIES:
             worst = max(chosen_comparisons, key=lambda c: c["ties"])
-            unmeasured = (f"not measured at this level: {worst['ties']} of {len(worst['seed_list'])} seeds' pairs are "
-                          f"ties there ({worst['name']} against {worst['against']})")
+            unmeasured = (f"not measured at this level: {worst['ties']} of {len(worst['seed_list'])} pairs tie there "
+                          f"({worst['name']})")
             verdict = "inconclusive"
         checked = half is not None and half["verdict"] == full["verdict"]
         p = max(full["p"], half["p"]) if checked else full["p"]
