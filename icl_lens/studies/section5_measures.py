@@ -9,7 +9,8 @@ Chapters: experiments, claims.
 import math
 
 from icl_lens import statistics
-from icl_lens.studies.section5_readings import finite_or_none, log_ratio, normalised_loss, run_length, seed_key
+from icl_lens.studies.section5_readings import (curve_scale, finite_or_none, log_ratio, normalised_loss, run_length,
+                                                seed_key)
 
 # one band for every measure, since each is a log: log(1.1), a tenth of the loss either way (a
 # band in units of the label variance would be as wide as the loss itself where the layers learn
@@ -34,14 +35,6 @@ def constant_phase_end(record, until=1.0):
     config = record.get("config", {})
     decay = config.get("decay_fraction", 0.2) if config.get("schedule", "constant") == "decay" else 0.0
     return run_length(record, until) * (1 - decay)
-
-
-def curve_scale(record, seed):
-    """What a seed's test curve is divided by: the label variance of its final test set, or, for a
-    record with ``speed_scale`` "curve" (a new task per prompt, where the labels' variance moves
-    by about a tenth between test sets of 256 prompts), that of the curve's own test set."""
-    baselines = record["baselines"][seed_key(seed)]
-    return baselines["curve_label_variance"] if record.get("speed_scale") == "curve" else baselines["label_variance"]
 
 
 def speed(record, model, until=1.0, part="all"):

@@ -75,6 +75,14 @@ def context_use_by_model(record):
     return found
 
 
+def curve_scale(record, seed):
+    """What a seed's test curve is divided by: the label variance of its final test set, or, for a
+    record with ``speed_scale`` "curve" (a new task per prompt, where the labels' variance moves
+    by about a tenth between test sets of 256 prompts), that of the curve's own test set."""
+    baselines = record["baselines"][seed_key(seed)]
+    return baselines["curve_label_variance"] if record.get("speed_scale") == "curve" else baselines["label_variance"]
+
+
 def window_loss(record, model, until=1.0):
     """A model's test loss averaged over the checkpoints of one quarter of training, the quarter that
     ends at ``until`` x epochs (1.0: the last quarter, 0.5: the second). Constant-rate SGD leaves the
@@ -209,11 +217,10 @@ def curves(result, group, seed=None, *, kind="test"):
     own test set for a record with ``speed_scale`` "curve", a new task per prompt), ``kind="train"``
     the raw per-epoch training losses."""
     found = {}
-    variance = "curve_label_variance" if result.get("speed_scale") == "curve" else "label_variance"
     for model in result["models"]:
         if model["group"] == group and (seed is None or model["seed"] == seed):
             if kind == "test":
-                scale = result["baselines"][seed_key(model["seed"])][variance]
+                scale = curve_scale(result, model["seed"])
                 losses = [math.nan if x is None else x / scale for x in model["test_curve"]]
             else:
                 losses = [math.nan if x is None else x for x in model["train_loss"]]
