@@ -70,3 +70,18 @@ def test_a_bad_address_is_named_before_any_job(address):
     with pytest.raises(ValueError, match="scheduler must be a Dask scheduler address"):
         run_jobs(lambda *job, device: calls.append(job), [(1,)], workers=2, scheduler=address)
     assert not calls
+
+
+def test_the_new_task_study_on_a_local_cluster_gives_the_local_pools_record(cluster):
+    """The modifications-across-tasks study (Adam, a new task per prompt, issue 40) sends its
+    jobs to Dask the same way: the same record as the local pool."""
+    from icl_lens.studies import modifications_across_tasks as study
+
+    config = replace(study.StudyConfig(variants="pilot", seeds=(3, 4)).quick(), epochs=2, checkpoints=2)
+    pooled = study.run_study(config, workers=2)["record"]
+    on_dask = study.run_study(config, workers=2, scheduler=cluster.scheduler_address)["record"]
+    assert without_timings(on_dask) == without_timings(pooled)
+    assert {m["name"] for m in pooled["models"]} == {"normal", "g2=gelu"}
+    # another seed is another record (the comparison can fail)
+    other = study.run_study(replace(config, seeds=(3, 5)), workers=2)["record"]
+    assert without_timings(other) != without_timings(pooled)

@@ -200,8 +200,12 @@ def test_the_quick_study_and_pilot_run_end_to_end_redraw_and_join_the_claims_tab
     from icl_lens.reproduce import reproduce
 
     out = tmp_path / "modifications_across_tasks"
-    written = reproduce(["modifications-pilot", "modifications-across-tasks"], out=out, quick=True, log=None)
+    # device "auto" is the GPU where there is one, else the CPU, with the same code (issue 40, item 6)
+    written = reproduce(["modifications-pilot", "modifications-across-tasks"], out=out, quick=True, log=None,
+                        device="auto")
     saved = json.loads(written["modifications-across-tasks"]["json"].read_text())
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert all(where[0].startswith(expected) for where in saved["record"]["trained_on"].values())
     assert saved["record"]["protocol"] == study.PROTOCOL and saved["record"]["speed_scale"] == "curve"
     assert set(saved["record"]["speed_levels"]) == set(study.LEVEL_FRACTIONS)
     rows = json.loads(written["modifications-across-tasks claims"]["json"].read_text())["claims"]
