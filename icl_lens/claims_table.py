@@ -532,6 +532,8 @@ GROUPS = (
     ("R&L App. E.5: Table 1, on the WordNet entailment stand-in with MiniLM", lambda r: r["id"].startswith("table1")),
     ("Li et al.", lambda r: r["paper"] == "Li et al."),
 )
+# groups whose rows the claims page folds into a dropdown (name: the chapter that reads them)
+FOLDED = {GROUPS[4][0]: "modifications_across_tasks"}
 UNITS = {
     "R&L Sec. 5 and App. E.1-E.3: the linear task": "log ratios of the losses (a final result) or of the times to a "
     "level (a speed), in the paper's direction: +0.1 is about a tenth better (or faster, or worse, as "
@@ -591,9 +593,20 @@ def markdown(rows, *, links=True):
     parts = []
     for name, _ in GROUPS:
         members = [row for row in rows if group_of(row) == name]
-        if members:
-            unit = f" Effects: {UNITS[name]}." if name in UNITS else ""
-            parts.append(f"### {name}\n\n{len(members)} claims.{unit}\n\n" + "\n".join(header + [line(r) for r in members]))
+        if not members:
+            continue
+        unit = f" Effects: {UNITS[name]}." if name in UNITS else ""
+        table = "\n".join(header + [line(r) for r in members])
+        if name in FOLDED:
+            # a family of its own, read side by side with the fixed-task rows in its chapter: its
+            # counts show, its rows fold (the page stays short enough to take in)
+            counts = ", ".join(f"{sum(r['verdict'] == v for r in members)} {v}" for v in VOCABULARY
+                               if any(r["verdict"] == v for r in members))
+            parts.append(f"### {name}\n\n{len(members)} claims: {counts}; side by side with the fixed-task "
+                         f"verdicts in {{doc}}`{FOLDED[name]}`.{unit}\n\n:::{{admonition}} Its {len(members)} "
+                         f"rows\n:class: dropdown\n\n{table}\n:::")
+        else:
+            parts.append(f"### {name}\n\n{len(members)} claims.{unit}\n\n{table}")
     return "\n\n".join(parts)
 
 

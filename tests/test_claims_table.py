@@ -230,3 +230,24 @@ def test_a_bar_in_a_claim_does_not_split_its_row(rows):
     for line in text.splitlines():
         if line.startswith("|"):
             assert len(re.findall(r"(?<!\\)\|", line)) == 6, line
+
+
+def test_the_new_task_family_folds_under_its_counts(rows):
+    """The claims page shows the new-task family's counts and folds its rows into a dropdown; the
+    other groups stay open."""
+    from icl_lens.studies import modifications_across_tasks
+
+    judged = [row for row in rows if row["verdict"] != "not run"]
+    linear = [row for row in judged if row["task"] == "linear"][:3]
+    moved = [{**row, "task": modifications_across_tasks.FAMILY, "id": row["id"] + "-new-task"} for row in linear]
+    text = claims_table.markdown(judged + moved)
+    name = claims_table.GROUPS[4][0]
+    block = text.split(f"### {name}")[1].split("### ")[0]
+    verdicts = [row["verdict"] for row in moved]
+    for verdict in set(verdicts):
+        assert f"{verdicts.count(verdict)} {verdict}" in block
+    assert ":::{admonition} Its 3 rows\n:class: dropdown" in block and block.rstrip().endswith(":::")
+    assert sum(line.startswith("| [") for line in block.splitlines()) == 3
+    # the fixed-task linear group is not folded
+    first = text.split(f"### {claims_table.GROUPS[0][0]}")[1].split("### ")[0]
+    assert "dropdown" not in first
