@@ -36,3 +36,20 @@ def test_the_across_tasks_figure_is_drawn_in_the_books_style():
     assert figure.axes[0].title.get_fontsize() == STYLE["axes.titlesize"]
     assert figure.axes[0].xaxis.label.get_fontsize() == STYLE["axes.labelsize"]
     plt.close(figure)
+
+
+def test_the_equivalence_panel_folds_a_long_legend():
+    """Past LEGEND_CURVES seeds the equivalence panel's legend is one entry, so it cannot cover the
+    last SGD steps; with few seeds every seed keeps its own entry."""
+    import matplotlib.pyplot as plt
+
+    from icl_lens.figures.theory import LEGEND_CURVES, sgd_error_panel
+
+    for count, entries in ((3, 3), (LEGEND_CURVES + 10, 1)):
+        figure, axis = plt.subplots()
+        sgd_error_panel(axis, {f"seed {i}": [1.0, 0.1, 1e-30] for i in range(count)}, title="t", ylabel="y",
+                        fontsize=8)
+        labels = [text.get_text() for text in axis.get_legend().get_texts()]
+        assert len(labels) == entries and len(axis.get_lines()) == count
+        plt.close(figure)
+    assert labels == [f"{LEGEND_CURVES + 10} seeds"]

@@ -89,11 +89,21 @@ def sgd_error_figure(curves, title="R&L Fig. 3 (left): dual model trained one de
     return figure
 
 
+LEGEND_CURVES = 10
+
+
 def sgd_error_panel(axis, curves, *, title, ylabel, fontsize):
     """The lines of :func:`sgd_error_figure` on a given axis (also the equivalence panel of Figs. 3, 11, 12)."""
-    for label, errors in curves.items():
+    # past LEGEND_CURVES a legend of every seed would cover the last steps, where the identity is
+    # checked: the curves share one colour and one legend entry
+    many = len(curves) > LEGEND_CURVES
+    for index, (label, errors) in enumerate(curves.items()):
         values = torch.as_tensor(errors, dtype=torch.float64).clamp(min=1e-35)
-        axis.plot(range(len(values)), values, marker=".", label=label)
+        if many:
+            axis.plot(range(len(values)), values, marker=".", color="C0", alpha=0.4,
+                      label=f"{len(curves)} seeds" if index == 0 else None)
+        else:
+            axis.plot(range(len(values)), values, marker=".", label=label)
     axis.set(yscale="log", xlabel="SGD steps (one demonstration each)", ylabel=ylabel, title=title)
     integer_ticks(axis)
     axis.grid(True, which="both", alpha=0.3)
