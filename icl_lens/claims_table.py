@@ -600,9 +600,9 @@ def markdown(rows, *, links=True):
         if name in FOLDED:
             # a family of its own, read side by side with the fixed-task rows in its chapter: its
             # counts show, its rows fold (the page stays short enough to take in)
-            counts = ", ".join(f"{sum(r['verdict'] == v for r in members)} {v}" for v in VOCABULARY
-                               if any(r["verdict"] == v for r in members))
-            parts.append(f"### {name}\n\n{len(members)} claims: {counts}; side by side with the fixed-task "
+            found = ", ".join(f"{number} {verdict}" for verdict, number in counts(members, new_task=True).items()
+                              if number)
+            parts.append(f"### {name}\n\n{len(members)} claims: {found}; side by side with the fixed-task "
                          f"verdicts in {{doc}}`{FOLDED[name]}`.{unit}\n\n:::{{admonition}} Its {len(members)} "
                          f"rows\n:class: dropdown\n\n{table}\n:::")
         else:

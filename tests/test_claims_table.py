@@ -98,21 +98,23 @@ def test_three_rows_recomputed_from_the_raw_records(rows):
 
 def test_family_correction_over_the_rows(rows):
     """Both tests of every comparative row enter Benjamini-Yekutieli unless their smallest attainable
-    p cannot pass its largest threshold; a row survives only with its deciding test's adjusted p <= 0.05."""
-    comparative = [row for row in rows if row["p"] is not None]
-    m = 2 * len(comparative)
-    largest_threshold = 0.05 / sum(1 / i for i in range(1, m + 1))
-    # with every n at 5, no test can reach that threshold: the family is empty and nothing survives
-    if all(row["n"] <= 5 for row in comparative):
-        assert 0.5 ** 5 > largest_threshold
-        assert all(row["p_family"] is None and row["survives_family"] is None for row in rows)
-    for row in rows:
-        if row["survives_family"]:
-            assert row["verdict"] != "inconclusive" and row["p_family"] <= 0.05
-    assert claims_table.surviving(rows) == {"agrees": sum(bool(r["survives_family"]) and r["verdict"] == "agrees"
-                                                          for r in rows),
-                                            "disagrees": sum(bool(r["survives_family"]) and r["verdict"] == "disagrees"
-                                                             for r in rows)}
+    p cannot pass its largest threshold; a row survives only with its deciding test's adjusted p <= 0.05.
+    Each family (the main one, the new-task protocol's) is corrected on its own."""
+    for new_task in (False, True):
+        members = claims_table.in_family(rows, new_task)
+        comparative = [row for row in members if row["p"] is not None]
+        m = 2 * len(comparative)
+        largest_threshold = 0.05 / sum(1 / i for i in range(1, m + 1)) if m else 0.0
+        # with every n at 5, no test can reach that threshold: the family is empty and nothing survives
+        if all(row["n"] <= 5 for row in comparative):
+            assert 0.5 ** 5 > largest_threshold
+            assert all(row["p_family"] is None and row["survives_family"] is None for row in members)
+        for row in members:
+            if row["survives_family"]:
+                assert row["verdict"] != "inconclusive" and row["p_family"] <= 0.05
+        assert claims_table.surviving(rows, new_task) == {
+            verdict: sum(bool(r["survives_family"]) and r["verdict"] == verdict for r in members)
+            for verdict in ("agrees", "disagrees")}
 
 
 def test_saved_table_is_the_table_of_the_saved_records(rows):
@@ -237,7 +239,7 @@ def test_the_new_task_family_folds_under_its_counts(rows):
     other groups stay open."""
     from icl_lens.studies import modifications_across_tasks
 
-    judged = [row for row in rows if row["verdict"] != "not run"]
+    judged = [row for row in claims_table.in_family(rows) if row["verdict"] != "not run"]
     linear = [row for row in judged if row["task"] == "linear"][:3]
     moved = [{**row, "task": modifications_across_tasks.FAMILY, "id": row["id"] + "-new-task"} for row in linear]
     text = claims_table.markdown(judged + moved)
