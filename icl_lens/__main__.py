@@ -117,7 +117,7 @@ def run_command(argv):
     others = [name for name in OUTPUTS_TABLE if name not in FIGURES]
     command.add_argument("figures", nargs="+", choices=[*OUTPUTS_TABLE, "all"], metavar="FIGURE",
                          help=f"one or more of {', '.join(OUTPUTS_TABLE)}, or all (all but {', '.join(others)})")
-    command.add_argument("--quick", action="store_true", help="small sizes (tests, CI)")
+    command.add_argument("--quick", action="store_true", help="small sizes (tests, CI); two seeds unless --seeds or --deciding-seeds")
     command.add_argument("--device", type=device_name, help="cpu (default), cuda, cuda:N, or auto")
     command.add_argument("--seeds", type=seed, nargs="+",
                          help="seeds of the training runs, distinct, in [0, 2**32) (default: Section 5 draws "

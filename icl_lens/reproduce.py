@@ -74,10 +74,14 @@ PANELS = ("regularized", "augmented", "negative")
 
 
 def experiment_config(kind, *, quick=False, seeds=None, deciding=None):
+    """A Section 5 task's configuration; quick mode trains its first two seeds unless ``seeds`` names
+    them or ``deciding`` asks for more (a seed count asked for is never cut silently)."""
     config = section5.EXPERIMENTS[kind]() if deciding is None else section5.EXPERIMENTS[kind](deciding)
     if seeds is not None:
         config = replace(config, seeds=tuple(seeds))
-    return config.quick() if quick else config
+    if not quick:
+        return config
+    return config.quick() if seeds is None and deciding is None else replace(config.quick(), seeds=config.seeds)
 
 
 def check_output_folder(out):

@@ -54,6 +54,17 @@ def test_every_figure_is_written(quick_all):
     assert len(judged) >= 12 and {v["verdict"] for v in judged} <= set(verdicts.VERDICTS)
 
 
+def test_quick_mode_keeps_the_seeds_asked_for():
+    """Quick mode trains two seeds by default, but never cuts a seed list or seed count a reader
+    gives (`--quick --deciding-seeds 20` once trained two seeds without a word)."""
+    default, named = (experiment_config("linear", quick=True, seeds=seeds) for seeds in (None, [5, 6, 7]))
+    assert default.seeds == (0, 1) and named.seeds == (5, 6, 7)
+    assert named.epochs == default.epochs < section5.ExperimentConfig().epochs    # still small sizes
+    drawn = experiment_config("trigonometric", quick=True, deciding=3).seeds
+    screened = [section5.screen(section5.RegressionTask.trigonometric(), s)["passes"] for s in drawn]
+    assert sum(screened) == 3 and screened[-1], drawn    # drawn until the third passing seed
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_grid_value_trains_and_the_normal_model_learns(quick_all, kind):
     out, _ = quick_all
