@@ -43,7 +43,8 @@ def test_the_equivalence_panel_folds_a_long_legend():
     last SGD steps; with few seeds every seed keeps its own entry."""
     import matplotlib.pyplot as plt
 
-    from icl_lens.figures.theory import LEGEND_CURVES, sgd_error_panel
+    from icl_lens.figures.style import LEGEND_CURVES
+    from icl_lens.figures.theory import sgd_error_panel
 
     for count, entries in ((3, 3), (LEGEND_CURVES + 10, 1)):
         figure, axis = plt.subplots()
@@ -53,3 +54,35 @@ def test_the_equivalence_panel_folds_a_long_legend():
         assert len(labels) == entries and len(axis.get_lines()) == count
         plt.close(figure)
     assert labels == [f"{LEGEND_CURVES + 10} seeds"]
+
+
+def test_the_context_use_figure_folds_many_seeds_under_their_median():
+    """Past LEGEND_CURVES seeds the context-use panels draw every seed in one colour under a black
+    median, with one legend ("one seed", "median") and each panel's count in its title; with few
+    seeds each seed keeps its colour and entry, and no median is drawn."""
+    import matplotlib.pyplot as plt
+    import torch
+
+    from icl_lens.figures.section5 import CONTEXT_LOSSES, context_use_figure
+    from icl_lens.figures.style import LEGEND_CURVES
+
+    generator = torch.Generator().manual_seed(0)
+
+    def seeds(count):
+        return {str(s): {key: float(torch.rand(1, generator=generator)) + 0.1 for key, _ in CONTEXT_LOSSES}
+                for s in range(count)}
+
+    many = LEGEND_CURVES + 2
+    record = {"tasks": {"linear": {"normal": seeds(many)}}, "across_tasks": {"paper task (softmax)": seeds(2)}}
+    figure = context_use_figure(record)
+    assert [t.get_text() for t in figure.legends[0].get_texts()] == ["one seed", "median"]
+    linear, across = figure.axes[0], figure.axes[1]
+    assert linear.get_title().endswith(f"({many} seeds)") and across.get_title().endswith("(2 seeds)")
+    median = [line for line in linear.get_lines() if line.get_label() == "median"][0]
+    expected = torch.tensor([[m[key] for key, _ in CONTEXT_LOSSES] for m in record["tasks"]["linear"]["normal"].values()])
+    assert torch.allclose(torch.as_tensor(median.get_ydata(), dtype=torch.float32), expected.median(0).values)
+    assert len({line.get_color() for line in linear.get_lines() if line.get_label() != "median"} - {"grey"}) == 1
+    plt.close(figure)
+    figure = context_use_figure({"tasks": {"linear": {"normal": seeds(3)}}, "across_tasks": {}})
+    assert [t.get_text() for t in figure.legends[0].get_texts()] == ["seed 0", "seed 1", "seed 2"]
+    plt.close(figure)

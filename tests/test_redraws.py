@@ -71,3 +71,33 @@ def test_a_redraw_from_the_saved_records_gives_the_committed_figures(tmp_path, c
     for name in ("fig3", "fig13"):
         assert np.array_equal(pixels(tmp_path / f"{name}.png"), pixels(SAVED / f"{name}.png")), name
         assert (tmp_path / f"{name}.json").read_bytes() == (SAVED / f"{name}.json").read_bytes()
+
+
+@needs_saved
+def test_fig10_shows_the_first_seeds_by_number(monkeypatch):
+    """R&L Fig. 10 draws one row a seed: past FIG10_ROWS it shows the first trained seeds by number
+    (fixed before training) and says how many there are, instead of a page-long figure."""
+    from icl_lens import reproduce
+
+    linear = read("task_linear")
+    seeds = linear["config"]["seeds"]
+    saved = []
+
+    class Run:
+        def task(self, kind):
+            return linear
+
+        def save(self, *args):
+            saved.append(args)
+
+    monkeypatch.setattr(reproduce, "FIG10_ROWS", 3)
+    reproduce.seeds_figure(Run())
+    figure = saved[0][-1]
+    titles = [axis.get_title() for axis in figure.axes if axis.get_title()]
+    assert titles == [f"{group}, seed {seed}" for seed in seeds[:3] for group in PANELS]
+    assert f"seeds {seeds[0]}-{seeds[2]} of {len(seeds)}, one a row" in figure._suptitle.get_text()
+    matplotlib.pyplot.close(figure)
+    monkeypatch.setattr(reproduce, "FIG10_ROWS", len(seeds))     # all of them fit: as before
+    reproduce.seeds_figure(Run())
+    assert saved[1][-1]._suptitle.get_text().endswith("one seed a row")
+    matplotlib.pyplot.close(saved[1][-1])

@@ -9,7 +9,7 @@ import math
 import matplotlib.pyplot as plt
 import torch
 
-from icl_lens.figures.style import COLUMN, FLOOR, integer_ticks, median_band, styled
+from icl_lens.figures.style import COLUMN, FLOOR, LEGEND_CURVES, integer_ticks, median_band, seed_line, styled
 from icl_lens.figures.theory import sgd_error_panel
 from icl_lens.studies import section5
 
@@ -247,9 +247,10 @@ def convergence_figure(studies):
         record = study["record"]
         curves = section5.curves(record, "normal")["normal"]
         normal = [m for m in record["models"] if m["group"] == "normal"]
-        for seed, losses, model in zip(record["config"]["seeds"], curves, normal):
-            line, = axis.plot(record["checkpoint_epochs"], losses.clamp(min=FLOOR), linewidth=1.0, alpha=0.7,
-                              label=f"seed {seed}")
+        seeds = record["config"]["seeds"]
+        for index, (seed, losses, model) in enumerate(zip(seeds, curves, normal)):
+            line, = axis.plot(record["checkpoint_epochs"], losses.clamp(min=FLOOR), linewidth=1.0,
+                              **{"alpha": 0.7, **seed_line(index, len(seeds), f"seed {seed}")})
             ends = [section5.normalised_loss(record, model, length / len(record["epochs"]))
                     for length in record["run_lengths"]]
             axis.plot(record["run_lengths"], [max(x, FLOOR) for x in ends], "o", color=line.get_color(),
@@ -282,12 +283,23 @@ def context_use_figure(record):
     rows = math.ceil(len(panels) / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(COLUMN, 2.9 * rows), squeeze=False, sharey=True)
     positions = range(len(CONTEXT_LOSSES))
+    # one legend serves every panel: past LEGEND_CURVES seeds in any panel, all panels draw their
+    # seeds in one pale colour under their median, and each title gives its count
+    most = max(len(seeds) for _, seeds in panels)
+    folded = most > LEGEND_CURVES
     for axis, (title, seeds) in zip(axes.flat, panels):
-        for seed in sorted(seeds, key=int):   # by number, whichever order the record's keys came in
+        by_seed = []
+        for index, seed in enumerate(sorted(seeds, key=int)):   # by number, whatever the record's key order
             measures = seeds[seed]
-            values = [measures[key] if measures[key] is not None else math.nan for key, _ in CONTEXT_LOSSES]
-            axis.plot(positions, [max(v, FLOOR) for v in values], "o-", linewidth=1.0, markersize=4, alpha=0.8,
-                      label=f"seed {seed}")
+            by_seed.append([measures[key] if measures[key] is not None else math.nan for key, _ in CONTEXT_LOSSES])
+            style = {"alpha": 0.8, **seed_line(index, most, f"seed {seed}")}
+            if folded and index == 0:
+                style["label"] = "one seed"
+            axis.plot(positions, [max(v, FLOOR) for v in by_seed[-1]], "o-", linewidth=1.0, markersize=4, **style)
+        if folded:
+            median = torch.tensor(by_seed, dtype=torch.float64).nanmedian(0).values.clamp(min=FLOOR)
+            axis.plot(positions, median, "o-", color="black", linewidth=1.6, markersize=4, label="median")
+            title = f"{title} ({len(seeds)} seeds)"
         axis.axhline(1.0, color="grey", linewidth=1.0, linestyle="--")
         axis.set_xticks(list(positions), [label for _, label in CONTEXT_LOSSES], fontsize=7)
         axis.set(yscale="log", title=title.replace(": ", ":\n", 1))

@@ -29,6 +29,20 @@ DPI = 160   # saved figures: sharp when the browser scales them to the column
 FLOOR = 1e-12
 
 
+# past this many seeds, a line, a colour and a legend entry each would repeat the nine colours and
+# bury the panel under its legend: the seeds then share one pale colour and one entry
+LEGEND_CURVES = 10
+
+
+def seed_line(index, count, label):
+    """Keywords for the line of seed number ``index`` of ``count`` drawn one line a seed: its own
+    colour and legend ``label`` up to :data:`LEGEND_CURVES` seeds, past it one shared colour and a
+    single entry "``count`` seeds"."""
+    if count <= LEGEND_CURVES:
+        return {"label": label}
+    return {"color": "C0", "alpha": 0.4, "label": f"{count} seeds" if index == 0 else None}
+
+
 def styled(draw):
     """Build the figure inside :data:`STYLE` (matplotlib's settings are global: a context keeps
     them from leaking into a reader's own plots)."""

@@ -10,7 +10,7 @@ import math
 import matplotlib.pyplot as plt
 import torch
 
-from icl_lens.figures.style import COLUMN, as_numpy, integer_ticks, styled
+from icl_lens.figures.style import COLUMN, as_numpy, integer_ticks, seed_line, styled
 
 
 @styled
@@ -89,21 +89,12 @@ def sgd_error_figure(curves, title="R&L Fig. 3 (left): dual model trained one de
     return figure
 
 
-LEGEND_CURVES = 10
-
-
 def sgd_error_panel(axis, curves, *, title, ylabel, fontsize):
     """The lines of :func:`sgd_error_figure` on a given axis (also the equivalence panel of Figs. 3, 11, 12)."""
-    # past LEGEND_CURVES a legend of every seed would cover the last steps, where the identity is
-    # checked: the curves share one colour and one legend entry
-    many = len(curves) > LEGEND_CURVES
+    # a legend of every seed would cover the last steps, where the identity is checked
     for index, (label, errors) in enumerate(curves.items()):
         values = torch.as_tensor(errors, dtype=torch.float64).clamp(min=1e-35)
-        if many:
-            axis.plot(range(len(values)), values, marker=".", color="C0", alpha=0.4,
-                      label=f"{len(curves)} seeds" if index == 0 else None)
-        else:
-            axis.plot(range(len(values)), values, marker=".", label=label)
+        axis.plot(range(len(values)), values, marker=".", **seed_line(index, len(curves), label))
     axis.set(yscale="log", xlabel="SGD steps (one demonstration each)", ylabel=ylabel, title=title)
     integer_ticks(axis)
     axis.grid(True, which="both", alpha=0.3)
