@@ -150,8 +150,17 @@ def comparative_section5(claim, records):
                      "minus only with the normal model", band=d["band"], lower=None, upper=None, coverage=None)
         found["reading"] = section5_claims.measured_text(claim)
     else:
+        # a speed's infinite value is a run that never reached the level (diverged or not)
+        unfinished = "never reached the level" if claim["quantity"].startswith("speed") else "diverged"
         found["reading"] = (f"{section5_claims.measured_text(claim)}; {m['better']} better / {m['worse']} worse "
-                            f"by more than the band, {m['diverged']} diverged")
+                            f"by more than the band, {m['diverged']} {unfinished}")
+    if claim["kind"] == "slightly" and claim["verdict"] == "agrees" and 2 * m["diverged"] > d["n"]:
+        # the rule reads the direction; "slightly" has no upper bound in it, so say when it fails plainly
+        found["reading"] += (f"; the direction holds, not \"slightly\": {m['diverged']} of {d['n']} of its runs "
+                             f"never reach the level")
+    if (claim["kind"], claim["verdict"]) in (("directional", "disagrees"), ("not beyond", "agrees")) \
+            and d.get("lower") is not None and d["lower"] > 0:
+        found["reading"] += "; the effect is real (L > 0) but smaller than the band"
     if claim["kind"] == "comparable" and claim["verdict"] == "disagrees":
         found["reading"] += "; " + ("better" if d["effect"] > 0 else "worse") + " beyond the band, not comparable"
     if claim.get("note"):
@@ -163,7 +172,8 @@ def comparative_section5(claim, records):
             found["why"] = (f"{d['only_variant']} seeds unstable only with the variant, {d['only_normal']} only "
                             f"with the normal model, of {d['n']}: McNemar p = {d['p_agree']:.2g}; the exact upper "
                             f"bound of the share, {d['upper']:.2f}, is not below {d['band']}")
-        found["seeds_needed"] = simulated_seeds(claim, record)
+        # a level most pairs never reach is not read by more seeds: no count is simulated for it
+        found["seeds_needed"] = None if claim.get("not_measured") else simulated_seeds(claim, record)
     converged = section5.convergence(record)   # by the current criterion, whatever the record saved
     if claim["quantity"] == "final" and not converged["converged"]:
         normal = [section5.normalised_loss(record, model) for model in record["models"]
@@ -185,6 +195,11 @@ def comparative_section5(claim, records):
         found["other_reading"] = (f"constant reading of alpha ({other['name']}): {other['decision']['verdict']}, "
                                   f"p = {other['decision']['p']:.2g}")
     return found
+
+
+def not_measured(row):
+    """Is ``row`` inconclusive because most pairs tie at its speed level (no seed count helps)?"""
+    return (row.get("why") or "").startswith("not measured")
 
 
 def simulated_seeds(claim, record):
@@ -578,7 +593,9 @@ def markdown(rows, *, links=True):
         if row["p_family"] is not None:
             p += f" ({row['p_family']:.2g})"
         why = row["why"] or ""
-        if row["verdict"] == "inconclusive" and row["p"] is not None:
+        if row["verdict"] == "inconclusive" and row["p"] is not None and not_measured(row):
+            why += "; more seeds do not help: the level needs another reading"
+        elif row["verdict"] == "inconclusive" and row["p"] is not None:
             needed = row["seeds_needed"]
             why += f"; needs >= {needed} seeds" if needed is not None else "; needs > 100 seeds"
         band = "" if row["band"] is None else f"; band {number(row['band'])}"

@@ -37,12 +37,16 @@ def seeds_text(rows):
     return f"{listed} seeds"
 
 
-def needed_text(needed, comparative):
+def needed_text(needed, comparative, unread=0):
     """The seeds the inconclusive comparisons would need (``needed``: simulated counts, None beyond
-    100), in a sentence."""
+    100), in a sentence; ``unread``: the inconclusive speed rows whose level most pairs never reach
+    (no seed count decides them)."""
     known = sorted(n for n in needed if n is not None)
+    apart = (f" {unread} more {'is' if unread == 1 else 'are'} not measured at {'its' if unread == 1 else 'their'} "
+             "speed level (most pairs never reach it), which more seeds do not change." if unread else "")
     if not needed:
-        return f"**Every comparison is decided** at {seeds_text(comparative)}."
+        return f"**Every comparison is decided** at {seeds_text(comparative)}.{apart}" if not unread else \
+            f"**No seed count decides the rest.**{apart}"
     text = (f"**What the inconclusive rows would need.** For the {len(needed)} inconclusive comparisons (at "
             f"{seeds_text(comparative)}), simulation puts the seeds a decision needs ")
     if known:
@@ -51,7 +55,7 @@ def needed_text(needed, comparative):
             text += f", and beyond 100 for {len(needed) - len(known)} of them"
     else:
         text += "beyond 100 for every one of them"
-    return text + "."
+    return text + "." + apart
 
 
 def smallness_text(share):
@@ -65,7 +69,7 @@ def findings(rows, data=None):
     """[(sentence, link)] for the judged ``rows`` of the claims table (``claims_table.saved()``
     without the rows not run) and the saved Section 5 record under ``data`` (default
     ``book/data``). A link is a book label (``#...``) or a chapter file."""
-    from icl_lens.claims_table import counts, in_family, surviving
+    from icl_lens.claims_table import counts, in_family, not_measured, surviving
 
     data = repository_root() / "book" / "data" if data is None else data
     rows = in_family(rows)   # the new-task protocol's family is read on its own page
@@ -74,7 +78,8 @@ def findings(rows, data=None):
     family = sum(row["p_family"] is not None for row in rows)
     identities = [row for row in rows if row["kind"] == "exact" and row["id"] != "equivalence-random-weights"]
     comparative = [row for row in rows if row["p"] is not None]
-    needed = [row["seeds_needed"] for row in comparative if row["verdict"] == "inconclusive"]
+    unread = [row for row in comparative if row["verdict"] == "inconclusive" and not_measured(row)]
+    needed = [row["seeds_needed"] for row in comparative if row["verdict"] == "inconclusive" and row not in unread]
     decided = [row for row in comparative if row["verdict"] != "inconclusive"]
     # the threshold claims (no seeds to test) that disagree, Section 5's: the random-feature study
     thresholds = [row for row in rows if row["p"] is None and row["verdict"] == "disagrees"
@@ -93,7 +98,7 @@ def findings(rows, data=None):
             "together." if family else
             f"; at {seeds_text(comparative)} no verdict can survive the correction for all claims together, so "
             "every verdict is provisional."), "#claims-design"),
-        (needed_text(needed, comparative), "#claims-seeds"),
+        (needed_text(needed, comparative, unread=len(unread)), "#claims-seeds"),
         (f"**The linear task's Section 5 layers answer from the query's own token.** Trained on one fixed "
          f"task per seed, the linear task's normal layer predicts from the query alone with a median loss of "
          f"{normal['query_alone']:.3f} of the label variance (with its prompt: {normal['intact']:.3f}), so "

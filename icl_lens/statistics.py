@@ -188,7 +188,8 @@ def decide(kind, differences, band, *, direction="lower", alpha=ALPHA, alpha_dis
     return found
 
 
-def decide_claim(kind, alternatives, band, *, direction="lower", scope="every", alpha=ALPHA, choice=None, k=None):
+def decide_claim(kind, alternatives, band, *, direction="lower", scope="every", alpha=ALPHA, choice=None, k=None,
+                 unmeasured=None):
     """A claim over sets of settings. ``alternatives`` is a list of alternatives, each a list of
     per-seed difference lists (an alternative holds only if each of its m comparisons holds: a
     setting against each comparator it names, or every setting against the normal model).
@@ -201,6 +202,9 @@ def decide_claim(kind, alternatives, band, *, direction="lower", scope="every", 
       disagrees only if every alternative disagrees at ``alpha`` (intersection-union again).
     - ``choice`` fixes the alternative (an index; at half of training, the one chosen at the
       end); ``k`` the number of alternatives the choice was made among, where fewer are passed.
+    - ``unmeasured`` (booleans shaped like ``alternatives``) marks comparisons the measure cannot
+      read (a speed at a level most pairs tie at): such a comparison neither agrees nor disagrees,
+      so its alternative cannot agree, while a measured comparison that disagrees still refutes it.
 
     Returns {verdict, p, p_agree, p_disagree, chosen, k, level, comparisons (of the chosen
     alternative), weakest (the index of the comparison that decides), smallest_p (the smallest p
@@ -215,12 +219,20 @@ def decide_claim(kind, alternatives, band, *, direction="lower", scope="every", 
     k = k or len(alternatives)
     if k < len(alternatives):
         raise ValueError(f"k must be at least the number of alternatives ({len(alternatives)}), got {k}")
+    unmeasured = unmeasured or [[False] * len(alternative) for alternative in alternatives]
+    if [len(flags) for flags in unmeasured] != [len(alternative) for alternative in alternatives]:
+        raise ValueError("unmeasured must hold one flag per comparison of each alternative")
     level = alpha / k
+    # an unread comparison: no verdict, and no p-value that could decide either side
+    unread = {"verdict": "inconclusive", "p_agree": 1.0, "p_disagree": 1.0, "p": 1.0, "smallest_agree": 1.0,
+              "smallest_disagree": 1.0, "not_measured": True}
 
     def judged_at(agree_level, disagree_level):
-        return [[decide(kind, d, band, direction=direction, alpha=agree_level,
-                        alpha_disagree=disagree_level / len(alternative)) for d in alternative]
-                for alternative in alternatives]
+        return [[{**found, **unread} if flag else found
+                 for found, flag in zip((decide(kind, d, band, direction=direction, alpha=agree_level,
+                                                alpha_disagree=disagree_level / len(alternative))
+                                         for d in alternative), flags)]
+                for alternative, flags in zip(alternatives, unmeasured)]
 
     for_agreeing, for_disagreeing = judged_at(level, alpha), judged_at(alpha, alpha)
 

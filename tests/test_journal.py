@@ -136,3 +136,20 @@ def test_the_training_time_is_read_from_the_jobs_kept(tmp_path):
     (tmp_path / "not-a-journal").mkdir()
     assert training_time(tmp_path) == {"exponential": {"jobs": 1, "seconds": 100.0, "workers": 2},
                                        "linear": {"jobs": 2, "seconds": 20.0, "workers": 2}}
+
+
+def test_the_training_time_of_a_record_counts_only_its_own_run(tmp_path):
+    """A journal growing in the folder of a saved record (another configuration, or more seeds) is
+    not that record's cost: the book showed a 20-seed sweep's jobs under the five-seed records."""
+    from icl_lens.training.journal import training_time
+
+    journal = Journal(tmp_path / "linear", {"workers": 2, "config": {"epochs": 4, "test_sequences": 256}},
+                      keep=False)
+    for seed, spent in ((0, 10.0), (1, 20.0), (7, 40.0)):
+        journal.save((seed,), {"seed": seed}, {"seconds": spent, "seeds": [seed]})
+    same = {"linear": {"config": {"epochs": 4, "test_sequences": 256, "seeds": [0, 1]}}}
+    assert training_time(tmp_path, same) == {"linear": {"jobs": 2, "seconds": 30.0, "workers": 2}}
+    other = {"linear": {"config": {"epochs": 4, "test_sequences": 64, "seeds": [0, 1]}}}
+    assert training_time(tmp_path, other) == {}
+    assert training_time(tmp_path, {}) == {}
+    assert training_time(tmp_path)["linear"]["jobs"] == 3       # without records: every job kept

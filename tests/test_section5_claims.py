@@ -349,10 +349,13 @@ def test_speed_is_the_time_to_a_level_fixed_in_advance():
     assert found["x"]["measurement"]["difference"] == [-1e300] * 5
     # the area reading is kept beside the row: lower on every seed as well
     assert found["x"]["area"]["quantity"] == "area" and found["x"]["area"]["median_difference"] < 0
-    # neither reaches 0.05: a tie on every seed, no effect
+    # neither reaches 0.05: a tie on every seed (each votes 0), so the speed is not measured there:
+    # no verdict, where the zeros alone would have read "no effect" (disagrees)
     tied = {**faster, "speed_levels": {"speed": 0.05}}
     (both_never,) = judged(tied, speed)
-    assert both_never["measurement"]["difference"] == [0.0] * 5 and both_never["verdict_at_end"] == "disagrees"
+    assert both_never["measurement"]["difference"] == [0.0] * 5
+    assert (both_never["verdict_at_end"], both_never["verdict"]) == ("inconclusive", "inconclusive")
+    assert both_never["not_measured"].startswith("not measured at this level: 5 of 5 pairs tie there")
     # with the decay over the last quarter the checkpoint at epoch 8 is not read
     late = {**record(FLAT, {s: [0.5, 0.5, 0.5, 0.1] for s in SEEDS}), "speed_levels": {"speed": 0.45}}
     assert section5_claims.time_to_level(late, late["models"][1], 0.45) == pytest.approx(

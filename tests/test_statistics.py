@@ -221,3 +221,29 @@ def test_unstable_is_an_exact_paired_test():
     assert statistics.unstable([False] * 28, [False] * 28)["verdict"] == "inconclusive"
     with pytest.raises(ValueError, match="one flag per seed"):
         statistics.unstable([True], [True, False])
+
+
+def test_an_unmeasured_comparison_blocks_agreeing_but_not_a_measured_disagreement():
+    """A speed most pairs tie at is not measured: it cannot agree, nor carry a disagreement, but a
+    measured comparator that disagrees still refutes an "every comparator" claim (the review found
+    a row held inconclusive by an unread comparator while the other was slower on 20 of 20 seeds)."""
+    faster = [-0.5 - 0.01 * i for i in range(20)]        # the variant lower by 0.5: agrees
+    slower = [0.5 + 0.01 * i for i in range(20)]         # higher by 0.5: disagrees
+    band = 0.1
+
+    def verdict(comparisons, flags):
+        return statistics.decide_claim("directional", [comparisons], band, unmeasured=[flags])["verdict"]
+
+    assert verdict([faster, faster], [False, False]) == "agrees"
+    assert verdict([faster, faster], [False, True]) == "inconclusive"     # one comparator unread
+    assert verdict([slower, faster], [False, False]) == "disagrees"
+    assert verdict([slower, faster], [False, True]) == "disagrees"        # measured disagreement stands
+    assert verdict([faster, slower], [False, True]) == "inconclusive"     # an unread one cannot refute
+    decided = statistics.decide_claim("directional", [[faster, slower]], band, unmeasured=[[False, True]])
+    assert decided["p"] == 1.0 and decided["comparisons"][1]["not_measured"]
+    # "some" setting: an unread alternative is one that cannot agree; the other can be chosen
+    some = statistics.decide_claim("directional", [[faster], [faster]], band, scope="some",
+                                   unmeasured=[[True], [False]])
+    assert some["verdict"] == "agrees" and some["chosen"] == 1 and some["k"] == 2
+    with pytest.raises(ValueError, match="unmeasured"):
+        statistics.decide_claim("directional", [[faster, slower]], band, unmeasured=[[False]])

@@ -228,11 +228,11 @@ CLAIMS = (
                                            ["normal lr=0.005", "g1=gelu", "g1=gelu + g2=gelu"]), "speed",
           sentence=G2_SENTENCE),
     Claim("linear-g2-plus-slower-early", "Sec. 5, Fig. 3", "linear",
-          "g2+ (a two-layer MLP on the keys) converges slightly slower at first (before the first test "
-          "checkpoint)", "slightly", "higher", every(augmented("none", "mlp-gelu")), "speed, early",
+          "g2+ (a two-layer MLP on the keys) converges slightly slower at first (time to the early "
+          "level)", "slightly", "higher", every(augmented("none", "mlp-gelu")), "speed, early",
           sentence=G2_PLUS),
     Claim("linear-g2-plus-faster-late", "Sec. 5, Fig. 3", "linear",
-          "g2+ eventually accelerates convergence (the last third before the decay)", "directional", "lower",
+          "g2+ eventually accelerates convergence (time to the late level)", "directional", "lower",
           every(augmented("none", "mlp-gelu")), "speed, late", sentence=G2_PLUS),
     Claim("linear-g2-plus-better", "Sec. 5, Fig. 3", "linear", "g2+ achieves a better solution",
           "directional", "lower", every(augmented("none", "mlp-gelu")), sentence=G2_PLUS),
@@ -403,8 +403,12 @@ def judge(claim, record, until, choice=None, pairs=None):
         return ({**decision, "chosen": 0, "k": 1, "level": statistics.ALPHA, "weakest": 0}, comparison, alternatives[0],
                 compared[0])
     differences = [[raw_differences(c) for c in a] for a in compared]
+    # a speed that most seeds cannot order at its level is not measured there (ties vote as 0);
+    # read at the end of training, as the rule was declared (the check at half keeps its verdict)
+    unmeasured = [[until == 1.0 and bool(c["seed_list"]) and c["ties"] / len(c["seed_list"]) > MOST_TIES
+                   for c in a] for a in compared]
     decision = statistics.decide_claim(claim.kind, differences, BAND, direction=claim.direction, scope=claim.scope,
-                                       choice=choice)
+                                       choice=choice, unmeasured=unmeasured)
     comparison = compared[decision["chosen"]][decision["weakest"]]
     return decision, comparison, alternatives[decision["chosen"]], compared[decision["chosen"]]
 
@@ -466,14 +470,14 @@ def evaluate(records, claims=CLAIMS):
         # a divergence cannot be undone by training longer: instability seen at the end stands
         stable = full["verdict"] == half["verdict"] or (claim.kind == "unstable" and full["verdict"] == "agrees")
         verdict = full["verdict"] if stable else "inconclusive"
-        # a speed that most seeds cannot order at its level is not measured there
+        # a comparison most seeds cannot order at its level is not measured there (judge): it
+        # keeps the claim from agreeing, and says why where no measured comparison disagrees
         tied = max((c["ties"] / len(c["seed_list"]) for c in chosen_comparisons if c["seed_list"]), default=0.0)
         unmeasured = None
         if tied > MOST_TIES:
             worst = max(chosen_comparisons, key=lambda c: c["ties"])
             unmeasured = (f"not measured at this level: {worst['ties']} of {len(worst['seed_list'])} pairs tie there "
-                          f"({worst['name']})")
-            verdict = "inconclusive"
+                          f"({worst['name']} against {worst['against']})")
         checked = half is not None and half["verdict"] == full["verdict"]
         p = max(full["p"], half["p"]) if checked else full["p"]
         other = None
@@ -554,7 +558,8 @@ def paper_learning_rate_note(claim, record, full):
             "median_difference": paper_comparison["median_difference"],
             "rate_verdict": rate["verdict"], "rate_p": rate["p"],
             "rate_median_difference": rate_comparison["median_difference"], "explains": explains,
-            "sentence": f"against the paper's normal model at {lr_normal:g} the claim {paper['verdict']}{said}"}
+            "sentence": f"against the paper's normal model at {lr_normal:g} the claim "
+                        f"{'is inconclusive' if paper['verdict'] == 'inconclusive' else paper['verdict']}{said}"}
 
 
 RAISED = 1.5      # a variant's median query weight at least this many times its partner's: "raised"
@@ -612,14 +617,15 @@ def measured_text(result):
         return (f"{m['fewest_at_or_above']} of {m['seeds']} seeds reach d - 0.5 at every d_h from the paper's; "
                 f"every seed from d_h = {m['every_seed_from']}")
     d = result["decision"]
+    p = result.get("p", d["p"])   # the row's p: the larger of the end's and the half-run's where both decide
     if rule == "unstable":
         return (f"`{m['name']}`: unstable on {d['only_variant']} seeds where the normal model is not, "
-                f"the reverse on {d['only_normal']}, of {d['n']} (p = {d['p']:.2g})")
+                f"the reverse on {d['only_normal']}, of {d['n']} (p = {p:.2g})")
     bounds = ("no bound at this n" if d["lower"] is None else
               f"[{number(d['lower'], 2)}, {number(d['upper'], 2)}]")
     against = "normal" if m["against"].startswith("normal") else f"`{m['against']}`"
     return (f"`{m['name']}` against {against}: effect {number(d['effect'], 2)} {bounds} in the paper's "
-            f"direction, p = {d['p']:.2g}, {m['better']} better / {m['worse']} worse of {d['n']}")
+            f"direction, p = {p:.2g}, {m['better']} better / {m['worse']} worse of {d['n']}")
 
 
 PAIRED_RULES = statistics.KINDS + ("unstable",)

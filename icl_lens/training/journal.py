@@ -84,13 +84,25 @@ class Journal:
         write_atomically(self.path(seeds, description), lambda file: file.write(data))
 
 
-def training_time(folder):
+def training_time(folder, records=None):
     """{sub-folder (a task): {"jobs": finished jobs, "seconds": their training seconds summed}} of
     the journals under ``folder``: what a run cost, read from the jobs it kept. With ``workers``
-    processes the run's wall time is about the sum over tasks divided by ``workers``."""
+    processes the run's wall time is about the sum over tasks divided by ``workers``.
+
+    With ``records`` ({task: saved record}), a task counts only where its journal is the record's
+    run (the journal's configuration is the record's, seeds aside), and only the jobs of the
+    record's seeds: a journal of another run, one growing in the same folder, is not this record's
+    cost."""
     found = {}
     for task in sorted(p for p in Path(folder).iterdir() if (p / CONFIGURATION).exists()):
+        configuration = json.loads((task / CONFIGURATION).read_text())
         jobs = [json.loads(gzip.decompress(path.read_bytes())) for path in sorted(task.glob("*.json.gz"))]
+        if records is not None:
+            record = records.get(task.name)
+            if record is None or any(record["config"].get(key) != value
+                                     for key, value in configuration.get("config", {}).items()):
+                continue
+            jobs = [job for job in jobs if set(job.get("seeds", ())) <= set(record["config"]["seeds"])]
         found[task.name] = {"jobs": len(jobs), "seconds": sum(float(job.get("seconds", 0.0)) for job in jobs),
-                            "workers": json.loads((task / CONFIGURATION).read_text()).get("workers", 1)}
+                            "workers": configuration.get("workers", 1)}
     return found
