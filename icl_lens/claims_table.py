@@ -594,7 +594,7 @@ def markdown(rows, *, links=True):
             p += f" ({row['p_family']:.2g})"
         why = row["why"] or ""
         if row["verdict"] == "inconclusive" and row["p"] is not None and not_measured(row):
-            why += "; more seeds do not help: the level needs another reading"
+            why += "; no seed count helps"
         elif row["verdict"] == "inconclusive" and row["p"] is not None:
             needed = row["seeds_needed"]
             why += f"; needs >= {needed} seeds" if needed is not None else "; needs > 100 seeds"

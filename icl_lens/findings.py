@@ -42,8 +42,8 @@ def needed_text(needed, comparative, unread=0):
     100), in a sentence; ``unread``: the inconclusive speed rows whose level most pairs never reach
     (no seed count decides them)."""
     known = sorted(n for n in needed if n is not None)
-    apart = (f" {unread} more {'is' if unread == 1 else 'are'} not measured at {'its' if unread == 1 else 'their'} "
-             "speed level (most pairs never reach it), which more seeds do not change." if unread else "")
+    apart = (f" {unread} more {'is' if unread == 1 else 'are'} not measured (most pairs tie at the speed level): "
+             "no seed count helps." if unread else "")
     if not needed:
         return f"**Every comparison is decided** at {seeds_text(comparative)}.{apart}" if not unread else \
             f"**No seed count decides the rest.**{apart}"

@@ -476,8 +476,9 @@ def evaluate(records, claims=CLAIMS):
         unmeasured = None
         if tied > MOST_TIES:
             worst = max(chosen_comparisons, key=lambda c: c["ties"])
+            against = "" if worst["against"].startswith("normal") else f" against {worst['against']}"
             unmeasured = (f"not measured at this level: {worst['ties']} of {len(worst['seed_list'])} pairs tie there "
-                          f"({worst['name']} against {worst['against']})")
+                          f"({worst['name']}{against})")
         checked = half is not None and half["verdict"] == full["verdict"]
         p = max(full["p"], half["p"]) if checked else full["p"]
         other = None
