@@ -345,9 +345,11 @@ def convergence_study(run):
         for study in studies.values():
             study["criterion"] = section5.criteria(study["record"])
     else:
+        # its own journal (its long runs are another configuration than the tasks'): --grow continues it
         studies = section5.convergence_studies(section5.POOL_ORDER, quick=run.quick, device=run.device,
                                                workers=run.workers, compile=run.compile, progress=run.log is not None,
-                                               scheduler=run.scheduler)
+                                               scheduler=run.scheduler, journal=Path(run.out) / JOURNAL / "convergence",
+                                               keep=run.grow)
         studies = {kind: studies[kind] for kind in section5.EXPERIMENTS}   # the figure's order
     return run.save("convergence", "convergence", studies, section5_figures.convergence_figure(studies))
 
@@ -472,7 +474,7 @@ OUTPUTS_TABLE = {
 # the Section 5 outputs drawn from the task records grow them through the journal (out/journal);
 # with "all" the other outputs are computed as without --grow
 GROWS = (*(name for name, study in STUDIES.items() if hasattr(study.module, "reusable_runs") or study.journaled),
-         "fig3", "fig10", "fig11", "fig12", "fig13", "paired", "all")
+         "fig3", "fig10", "fig11", "fig12", "fig13", "paired", "convergence", "all")
 JOURNAL = "journal"
 FIGURES = tuple(name for name, (_, in_all) in OUTPUTS_TABLE.items() if in_all)
 EXTRA = ("convergence", "temperature")   # named on the command line only, never by "all"

@@ -249,6 +249,14 @@ def test_convergence_study_is_separate_from_all(tmp_path):
         assert study["criterion"][-1]["epochs"] == len(study["record"]["epochs"]) == 8
         assert {m["group"] for m in study["record"]["models"]} == {"normal"}
     assert "convergence" not in FIGURES
+    # its jobs are journaled apart from the tasks': --grow over a finished journal trains nothing
+    # (no job file is written again) and writes the same study
+    jobs = {path: path.stat().st_mtime_ns for path in (tmp_path / "journal" / "convergence").rglob("*.json.gz")}
+    assert {path.parent.name for path in jobs} == set(KINDS)
+    before = written["convergence"]["json"].read_bytes()
+    again = reproduce(["convergence"], out=tmp_path, quick=True, log=None, grow=True)
+    assert again["convergence"]["json"].read_bytes() == before
+    assert {path: path.stat().st_mtime_ns for path in jobs} == jobs
 
 
 def test_context_use_and_temperature_check_are_written(quick_all):

@@ -720,14 +720,15 @@ LONG_RUN = 2     # the convergence study trains the normal models this many time
 
 
 def convergence_studies(kinds, *, quick=False, epochs=None, device="cpu", workers=2, compile=True,
-                        progress=False, scheduler=None):
+                        progress=False, scheduler=None, journal=None, keep=False):
     """{kind: study} for each of ``kinds``: only the normal model of each seed, at the task's
     settings, trained ``LONG_RUN`` times the saved run's epochs (or ``epochs``), with the runs of
     1/4, 1/2 and 3/4 of that length copied off: does the loss, and the criterion's verdict, keep
     changing past the saved run's epochs? The run of the saved run's length is the saved run's
     normal model (same seeds, data, schedule). ``quick``: the task's quick sizes
     (:meth:`ExperimentConfig.quick`). The tasks' jobs (one a seed) share one pool
-    (:func:`run_experiments`), so the processes stay busy across tasks."""
+    (:func:`run_experiments`), so the processes stay busy across tasks; ``journal`` and ``keep``
+    are its: each finished job kept, and a run that was killed continued."""
     configs, longs = [], []
     for kind in kinds:
         config = EXPERIMENTS[kind]().quick() if quick else EXPERIMENTS[kind]()
@@ -737,7 +738,7 @@ def convergence_studies(kinds, *, quick=False, epochs=None, device="cpu", worker
         longs.append(replace(config, epochs=length, checkpoints=min(length, 80), shorter_runs=lengths))
     normal = [[Variant("normal", Modification(), config.lr_normal)] for config in configs]
     records, _ = run_experiments(longs, device=device, workers=workers, compile=compile, progress=progress,
-                                 variants=normal, scheduler=scheduler)
+                                 variants=normal, scheduler=scheduler, journal=journal, keep=keep)
     return {kind: {"task": kind, "saved_run_epochs": config.epochs, "record": record, "criterion": criteria(record)}
             for kind, config, record in zip(kinds, configs, records)}
 
