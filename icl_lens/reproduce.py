@@ -66,7 +66,7 @@ from icl_lens.results import (NUMBER, RecordError, check_writable_folder, load_r
                               results_dir, save_result, to_plain, write_json)
 from icl_lens.studies import (across_tasks, ffn_rank, li_et_al, modifications_across_tasks, section5, section5_claims,
                               table1)
-from icl_lens.training.journal import differences, plain
+from icl_lens.training.journal import plain, record_differences
 from icl_lens.validation import check_scheduler
 
 ALL_TASKS = ("linear", "trigonometric", "exponential")
@@ -161,10 +161,8 @@ class Run:
         if (Path(self.out) / JOURNAL / kind / "configuration.json").exists() or \
                 not (Path(self.out) / f"task_{kind}.json").exists():
             return   # the journal checks its own configuration
-        saved = dict(load_result(self.out, f"task_{kind}", expect={"config": dict})["config"])
-        for key in ("seeds", "deciding"):
-            saved.pop(key, None)
-        changed = differences(saved, plain(section5.journal_config(config)))
+        saved = load_result(self.out, f"task_{kind}", expect={"config": dict})["config"]
+        changed = record_differences(saved, plain(section5.journal_config(config)))
         if changed:
             raise ValueError(f"--grow: {self.out}/task_{kind}.json was trained with another configuration "
                              f"({'; '.join(changed[:4])}), so none of its runs can be reused; train it anew "

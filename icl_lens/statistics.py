@@ -228,10 +228,11 @@ def decide_claim(kind, alternatives, band, *, direction="lower", scope="every", 
               "smallest_disagree": 1.0, "not_measured": True}
 
     def judged_at(agree_level, disagree_level):
-        return [[{**found, **unread} if flag else found
-                 for found, flag in zip((decide(kind, d, band, direction=direction, alpha=agree_level,
-                                                alpha_disagree=disagree_level / len(alternative))
-                                         for d in alternative), flags)]
+        def judged(differences, flag, m):
+            found = decide(kind, differences, band, direction=direction, alpha=agree_level,
+                           alpha_disagree=disagree_level / m)
+            return {**found, **unread} if flag else found
+        return [[judged(d, flag, len(alternative)) for d, flag in zip(alternative, flags)]
                 for alternative, flags in zip(alternatives, unmeasured)]
 
     for_agreeing, for_disagreeing = judged_at(level, alpha), judged_at(alpha, alpha)

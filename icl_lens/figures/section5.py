@@ -9,6 +9,7 @@ import math
 import matplotlib.pyplot as plt
 import torch
 
+from icl_lens import context_use
 from icl_lens.figures.style import COLUMN, FLOOR, LEGEND_CURVES, integer_ticks, median_band, seed_line, styled
 from icl_lens.figures.theory import sgd_error_panel
 from icl_lens.studies import section5
@@ -288,16 +289,16 @@ def context_use_figure(record):
     most = max(len(seeds) for _, seeds in panels)
     folded = most > LEGEND_CURVES
     for axis, (title, seeds) in zip(axes.flat, panels):
-        by_seed = []
         for index, seed in enumerate(sorted(seeds, key=int)):   # by number, whatever the record's key order
             measures = seeds[seed]
-            by_seed.append([measures[key] if measures[key] is not None else math.nan for key, _ in CONTEXT_LOSSES])
+            values = [measures[key] if measures[key] is not None else math.nan for key, _ in CONTEXT_LOSSES]
             style = {"alpha": 0.8, **seed_line(index, most, f"seed {seed}")}
             if folded and index == 0:
                 style["label"] = "one seed"
-            axis.plot(positions, [max(v, FLOOR) for v in by_seed[-1]], "o-", linewidth=1.0, markersize=4, **style)
+            axis.plot(positions, [max(v, FLOOR) for v in values], "o-", linewidth=1.0, markersize=4, **style)
         if folded:
-            median = torch.tensor(by_seed, dtype=torch.float64).nanmedian(0).values.clamp(min=FLOOR)
+            found = context_use.medians(seeds)
+            median = [math.nan if found[key] is None else max(found[key], FLOOR) for key, _ in CONTEXT_LOSSES]
             axis.plot(positions, median, "o-", color="black", linewidth=1.6, markersize=4, label="median")
             title = f"{title} ({len(seeds)} seeds)"
         axis.axhline(1.0, color="grey", linewidth=1.0, linestyle="--")

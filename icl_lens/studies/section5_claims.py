@@ -385,6 +385,12 @@ def temperature_check(with_scale, without_scale):
     return found
 
 
+def too_tied(comparison):
+    """Is a speed comparison not measured at its level: more than :data:`MOST_TIES` of its pairs
+    tie there (ties vote as 0)?"""
+    return bool(comparison["seed_list"]) and comparison["ties"] / len(comparison["seed_list"]) > MOST_TIES
+
+
 def judge(claim, record, until, choice=None, pairs=None):
     """The decision of one claim on one task record at ``until`` of training (see
     :func:`icl_lens.statistics.decide_claim`), with the comparison of the pair that decides."""
@@ -403,10 +409,8 @@ def judge(claim, record, until, choice=None, pairs=None):
         return ({**decision, "chosen": 0, "k": 1, "level": statistics.ALPHA, "weakest": 0}, comparison, alternatives[0],
                 compared[0])
     differences = [[raw_differences(c) for c in a] for a in compared]
-    # a speed that most seeds cannot order at its level is not measured there (ties vote as 0);
     # read at the end of training, as the rule was declared (the check at half keeps its verdict)
-    unmeasured = [[until == 1.0 and bool(c["seed_list"]) and c["ties"] / len(c["seed_list"]) > MOST_TIES
-                   for c in a] for a in compared]
+    unmeasured = [[until == 1.0 and too_tied(c) for c in a] for a in compared]
     decision = statistics.decide_claim(claim.kind, differences, BAND, direction=claim.direction, scope=claim.scope,
                                        choice=choice, unmeasured=unmeasured)
     comparison = compared[decision["chosen"]][decision["weakest"]]
@@ -472,9 +476,8 @@ def evaluate(records, claims=CLAIMS):
         verdict = full["verdict"] if stable else "inconclusive"
         # a comparison most seeds cannot order at its level is not measured there (judge): it
         # keeps the claim from agreeing, and says why where no measured comparison disagrees
-        tied = max((c["ties"] / len(c["seed_list"]) for c in chosen_comparisons if c["seed_list"]), default=0.0)
         unmeasured = None
-        if tied > MOST_TIES:
+        if any(too_tied(c) for c in chosen_comparisons):
             worst = max(chosen_comparisons, key=lambda c: c["ties"])
             against = "" if worst["against"].startswith("normal") else f" against {worst['against']}"
             unmeasured = (f"not measured at this level: {worst['ties']} of {len(worst['seed_list'])} pairs tie there "

@@ -36,6 +36,13 @@ def differences(saved, wanted, where=""):
     return [] if saved == wanted else [f"{where or '(all)'}: {saved!r} -> {wanted!r}"]
 
 
+def record_differences(record_config, configuration):
+    """:func:`differences` between a saved record's configuration and a journal's, the seeds aside
+    (a journal grows its seeds)."""
+    saved = {key: value for key, value in record_config.items() if key not in ("seeds", "deciding")}
+    return differences(saved, configuration)
+
+
 class Journal:
     """The finished jobs of one configuration in ``folder``.
 
@@ -96,12 +103,12 @@ def training_time(folder, records=None):
     found = {}
     for task in sorted(p for p in Path(folder).iterdir() if (p / CONFIGURATION).exists()):
         configuration = json.loads((task / CONFIGURATION).read_text())
+        record = None if records is None else records.get(task.name)
+        if records is not None and (record is None or
+                                    record_differences(record["config"], configuration.get("config", {}))):
+            continue
         jobs = [json.loads(gzip.decompress(path.read_bytes())) for path in sorted(task.glob("*.json.gz"))]
-        if records is not None:
-            record = records.get(task.name)
-            if record is None or any(record["config"].get(key) != value
-                                     for key, value in configuration.get("config", {}).items()):
-                continue
+        if record is not None:
             jobs = [job for job in jobs if set(job.get("seeds", ())) <= set(record["config"]["seeds"])]
         found[task.name] = {"jobs": len(jobs), "seconds": sum(float(job.get("seconds", 0.0)) for job in jobs),
                             "workers": configuration.get("workers", 1)}
