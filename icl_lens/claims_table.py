@@ -66,13 +66,13 @@ class Row(TypedDict):
     seeds_apart: dict | None       # Section 5: {seed: why it cannot vote}, decided before training
     noise_floor: float | None      # Section 5: median |twin - normal| on the claim's measure
     at_budget: str | None          # a final result on a task whose normal model has not converged
-    other_reading: str | None      # Section 5 alpha rows: the constant reading's verdict (outside the counts)
+    other_reading: str | None      # Section 5: another reading's verdict (alpha constant; g2 with g2+), a note
     area_reading: str | None       # Section 5 speed rows: the area reading's verdict (a note, outside the counts)
     paper_learning_rate: str | None   # linear rows: the paper's own comparison (its normal at 0.003), a note
     section: str                   # the chapter (and anchor) that shows it
     reading: str                   # the measurement in the study's own words
     context: str | None            # Section 5: how the variant differs in context use
-    without_temperature: str | None   # Section 5: the verdict with q and k left unscaled
+    without_temperature: str | None   # Section 5: the verdict with q and k left unscaled, and its seeds
 
 
 def blank(**row):
@@ -99,7 +99,7 @@ def why_inconclusive(decision, end, half, lengths=("the end", "half of training"
     low, high = decision.get("lower"), decision.get("upper")
     if low is None:
         return f"no one-sided bound at n = {decision['n']}"
-    if band is not None and kind in ("directional", "not beyond") and low > 0 and decision["effect"] < band:
+    if band is not None and kind == "directional" and low > 0 and decision["effect"] < band:
         return (f"every bound on the paper's side (L = {low:.3g}), but the median effect {decision['effect']:.3g} "
                 f"is within the band {band:.3g}")
     if kind == "comparable" and (low > band or high < -band):
@@ -112,7 +112,10 @@ def why_inconclusive(decision, end, half, lengths=("the end", "half of training"
 def section5_rows(saved, records, context, temperature=None):
     """Rows of the Section 5 / App. E claims (``claims.json`` of ``reproduce all``), with the context
     note of each (``context_use.json``) and, where the temperature check ran, its verdict."""
-    unscaled = {c["id"]: c["without"]["verdict"] for c in (temperature or {}).get("claims", [])}
+    # the check is a study of its own seeds: its verdict says how many, beside a row read at others
+    checked = len((temperature or {}).get("record", {}).get("config", {}).get("seeds", ()))
+    unscaled = {c["id"]: f"{c['without']['verdict']} (at its {checked} seeds)"
+                for c in (temperature or {}).get("claims", [])}
     rows = []
     for claim in saved["claims"]:
         row = blank(id=claim["id"], paper="R&L", where=claim["where"], claim=claim["claim"],
@@ -127,6 +130,9 @@ def section5_rows(saved, records, context, temperature=None):
             row.update(threshold_row(claim))
         rows.append(row)
     return rows
+
+
+TINY = 0.1   # an effect under this share of the band is read "barely differs"
 
 
 def comparative_section5(claim, records):
@@ -163,6 +169,13 @@ def comparative_section5(claim, records):
         found["reading"] += "; the effect is real (L > 0) but smaller than the band"
     if claim["kind"] == "comparable" and claim["verdict"] == "disagrees":
         found["reading"] += "; " + ("better" if d["effect"] > 0 else "worse") + " beyond the band, not comparable"
+    if claim["kind"] == "not beyond" and claim["verdict"] == "agrees" and d.get("upper") is not None \
+            and d["upper"] < 0:
+        found["reading"] += "; the change goes the other way (U < 0)"
+    effect = d.get("effect")
+    if claim["verdict"] == "disagrees" and effect is not None and abs(effect) < TINY * section5_claims.BAND:
+        # a disagreement of this size is "no change", not an opposite effect
+        found["reading"] += "; the variant barely differs from its partner (|effect| under a tenth of the band)"
     if claim.get("note"):
         found["reading"] += f"; note: {claim['note']}"
     if claim["verdict"] == "inconclusive":
@@ -192,7 +205,8 @@ def comparative_section5(claim, records):
         found["paper_learning_rate"] = paper["sentence"] + f" (p = {paper['p']:.2g})"
     other = claim.get("other_reading")
     if other:
-        found["other_reading"] = (f"constant reading of alpha ({other['name']}): {other['decision']['verdict']}, "
+        label = other.get("label", "constant reading of alpha")   # records made before the label
+        found["other_reading"] = (f"{label} ({other['name']}): {other['decision']['verdict']}, "
                                   f"p = {other['decision']['p']:.2g}")
     return found
 
@@ -252,6 +266,11 @@ def threshold_row(claim):
         found.update(effect=m["fewest_below" if rule == "low rank" else "fewest_at_or_above"], n=m["seeds"])
     if claim["verdict"] == "inconclusive":
         found["why"] = "between the rule's two thresholds"
+        if rule == "falls" and not m["monotone"]:
+            counts, errors = m["feature_counts"], m["errors"]
+            rises = [(a, b, x, y) for a, b, x, y in zip(counts, counts[1:], errors, errors[1:]) if y >= x]
+            found["why"] = ("it falls by more than the band overall but not at every step: " + "; ".join(
+                f"{x:.3g} at d_r = {a} to {y:.3g} at {b}" for a, b, x, y in rises))
     return found
 
 
@@ -597,7 +616,7 @@ def markdown(rows, *, links=True):
             why += "; no seed count helps"
         elif row["verdict"] == "inconclusive" and row["p"] is not None:
             needed = row["seeds_needed"]
-            why += f"; needs >= {needed} seeds" if needed is not None else "; needs > 100 seeds"
+            why += f"; needs >= {needed} seeds" if needed is not None else "; under 80% power even at 100 seeds"
         band = "" if row["band"] is None else f"; band {number(row['band'])}"
         if links and group_of(row) not in UNITS and row.get("unit"):   # a group of mixed units: each row says its own
             band += f" ({row['unit']})"
@@ -652,7 +671,11 @@ def saved(path=None):
 
 # a select above the claims page's tables that shows the rows of one verdict only: plain JavaScript
 # in the static page, no server (the verdict is the text of each row's second cell)
-VERDICT_FILTER = """<label style="font-size: 0.9em">Show the claims that
+VERDICT_FILTER = """<style>
+/* a table of some 70 rows: a size smaller than the prose keeps the page a read, not a scroll */
+section#the-claims table { font-size: 0.9em; }
+</style>
+<label style="font-size: 0.9em">Show the claims that
 <select id="verdict-filter">
 <option value="">have any verdict</option><option value="agrees">agree</option>
 <option value="disagrees">disagree</option><option value="inconclusive">are inconclusive</option>

@@ -55,23 +55,31 @@ def test_three_rows_recomputed_from_the_raw_records(rows):
     # 1. trigonometric-negative-worse: each negative-sample model's final loss against the normal
     # model's, seeds that pass the screen, log ratios; "worse" on every setting
     record = json.loads((DATA / "experiments" / "task_trigonometric.json").read_text())
-    end = record["run_lengths"].index(len(record["epochs"]))
     seeds = [int(s) for s, screen in record["screening"].items() if screen["passes"]]
-    loss = {(m["name"], m["seed"]): m["test_loss_by_length"][end] for m in record["models"]}
-    p_values, effects = [], []
-    for name in ("k=3 beta=0.1", "k=5 beta=0.1"):
-        x = sorted(math.log(loss[name, s] / loss["normal", s]) for s in seeds)
-        n = len(x)
-        effects.append((x[(n - 1) // 2] + x[n // 2]) / 2)
-        below_band = sum(v < math.log(1.1) for v in x)
-        p_values.append(sum(math.comb(n, j) for j in range(below_band, n + 1)) / 2 ** n)
+
+    def disagreeing(length):
+        """p of disagreeing at one run length, and the settings' median log ratios."""
+        at = record["run_lengths"].index(length)
+        loss = {(m["name"], m["seed"]): m["test_loss_by_length"][at] for m in record["models"]}
+        p_values, effects = [], []
+        for name in ("k=3 beta=0.1", "k=5 beta=0.1"):
+            x = sorted(math.log(loss[name, s] / loss["normal", s]) for s in seeds)
+            n = len(x)
+            effects.append((x[(n - 1) // 2] + x[n // 2]) / 2)
+            below_band = sum(v < math.log(1.1) for v in x)
+            p_values.append(sum(math.comb(n, j) for j in range(below_band, n + 1)) / 2 ** n)
+        # disagreeing needs one of the two settings to have its median below the band: a union of
+        # two tests, each at 0.025, so p = 2 x the smaller; agreeing needs both worse by the band
+        return min(1.0, 2 * min(p_values)), effects
+
+    p_end, effects = disagreeing(len(record["epochs"]))
+    p_half, _ = disagreeing(len(record["epochs"]) // 2)
     row = found["trigonometric-negative-worse"]
-    # disagreeing needs one of the two settings to have its median below the band: a union of two
-    # tests, each at 0.025, so p = 2 x the smaller; agreeing needs both worse by more than the band
-    p_disagree = min(1.0, 2 * min(p_values))
-    assert row["verdict"] == ("disagrees" if p_disagree <= 0.05 else "inconclusive")
+    # decided at the end and at half of training alike; the row's p is the larger of the two
+    decided = p_end <= 0.05 and p_half <= 0.05
+    assert row["verdict"] == ("disagrees" if decided else "inconclusive")
     if row["verdict"] == "disagrees":
-        assert row["p"] == pytest.approx(p_disagree)
+        assert row["p"] == pytest.approx(max(p_end, p_half))
     assert any(row["effect"] == pytest.approx(e) for e in effects)
     # 2. table1-negative: negative samples against the normal model on the stand-in, accuracy at 5 epochs
     table = json.loads((DATA / "table1" / "table1.json").read_text())
@@ -253,3 +261,28 @@ def test_the_new_task_family_folds_under_its_counts(rows):
     # the fixed-task linear group is not folded
     first = text.split(f"### {claims_table.GROUPS[0][0]}")[1].split("### ")[0]
     assert "dropdown" not in first
+
+
+def test_a_random_feature_row_says_where_its_error_rises():
+    """An error that falls by more than the band overall but rises at one step is inconclusive,
+    and the row names that step instead of "between the rule's two thresholds"."""
+    from icl_lens.studies.trained_layer_claims import random_feature_claim
+
+    study = {"feature_counts": [10, 100, 300, 1000], "attention_mse": [0.04, 0.035, 0.036, 0.03]}
+    claim = random_feature_claim(study)
+    assert claim["verdict"] == "inconclusive"
+    row = claims_table.threshold_row(claim)
+    assert row["why"] == ("it falls by more than the band overall but not at every step: "
+                          "0.035 at d_r = 100 to 0.036 at 300")
+    falling = random_feature_claim(dict(study, attention_mse=[0.04, 0.036, 0.035, 0.03]))
+    assert falling["verdict"] == "agrees" and "why" not in claims_table.threshold_row(falling)
+
+
+def test_the_temperature_verdict_names_the_seeds_it_was_read_at(rows):
+    """The temperature check is a study of its own seeds, not the table's: its verdict beside a row
+    says how many it ran."""
+    check = json.loads((DATA / "experiments" / "temperature.json").read_text())
+    seeds = len(check["record"]["config"]["seeds"])
+    found = by_id(rows)
+    for claim in check["claims"]:
+        assert found[claim["id"]]["without_temperature"] == f"{claim['without']['verdict']} (at its {seeds} seeds)"

@@ -86,3 +86,39 @@ def test_the_context_use_figure_folds_many_seeds_under_their_median():
     figure = context_use_figure({"tasks": {"linear": {"normal": seeds(3)}}, "across_tasks": {}})
     assert [t.get_text() for t in figure.legends[0].get_texts()] == ["seed 0", "seed 1", "seed 2"]
     plt.close(figure)
+
+
+def test_the_convergence_figure_folds_many_seeds_and_counts_each_panel():
+    """The saved convergence study (more than LEGEND_CURVES seeds on some task): one colour, one
+    legend entry "one seed", and each panel's own seed count in its title (the tasks draw different
+    numbers of seeds); cut to three seeds a task, every seed keeps its colour and entry."""
+    import json
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    from icl_lens.figures.section5 import convergence_figure
+    from icl_lens.figures.style import LEGEND_CURVES
+
+    studies = json.loads((Path(__file__).resolve().parents[1] / "book" / "data" / "experiments"
+                          / "convergence.json").read_text())
+    counts = {kind: len(study["record"]["config"]["seeds"]) for kind, study in studies.items()}
+    assert max(counts.values()) > LEGEND_CURVES
+    figure = convergence_figure(studies)
+    assert [t.get_text() for t in figure.legends[0].get_texts()] == ["one seed", "saved run ends"]
+    titles = {axis.get_title().split(":")[0]: axis.get_title() for axis in figure.axes}
+    assert all(titles[kind].endswith(f"({count} seeds)") for kind, count in counts.items())
+    plt.close(figure)
+
+    def cut(study, keep=3):
+        record = study["record"]
+        seeds = record["config"]["seeds"][:keep]
+        return {**study, "record": {**record, "config": {**record["config"], "seeds": seeds},
+                                    "models": [m for m in record["models"] if m["seed"] in seeds]}}
+
+    figure = convergence_figure({kind: cut(study) for kind, study in studies.items()})
+    labels = [t.get_text() for t in figure.legends[0].get_texts()]
+    first = studies["linear"]["record"]["config"]["seeds"][:3]
+    assert labels[:3] == [f"seed {s}" for s in first] and "one seed" not in labels
+    assert not any(axis.get_title().endswith("seeds)") for axis in figure.axes)
+    plt.close(figure)

@@ -72,3 +72,18 @@ def test_the_seed_counts_and_the_seeds_needed_are_read_from_the_rows():
     assert "For the 3 inconclusive comparisons (at 5 or 20 seeds)" in text
     assert "at 12 to 30 (median 21), and beyond 100 for 1 of them." in text
     assert "beyond 100 for every one of them." in findings.needed_text([None, None], rows)
+
+
+def test_the_decided_comparisons_are_counted_per_task_and_firm_disagreements_named(rows):
+    """Section 5's decided comparisons: counts per task from the table, and by name only the
+    disagreements that survive the family correction (the table lists the rest)."""
+    decided = [row for row in rows if row["p"] is not None and row["verdict"] != "inconclusive"
+               and not row["id"].endswith("-new-task")]
+    text = findings.decided_text(decided)
+    for task in ("linear", "trigonometric", "exponential"):
+        mine = [row["verdict"] for row in decided if row["task"] == task]
+        assert f"{task} {mine.count('agrees')} agree / {mine.count('disagrees')} disagree" in text
+    for row in decided:
+        if row["task"] in findings.SECTION5_TASKS:
+            named = f"{row['claim']} ({row['task']})" in text
+            assert named == (row["verdict"] == "disagrees" and bool(row["survives_family"])), row["id"]

@@ -202,15 +202,21 @@ def test_the_convergence_flag_reads_the_bounds_relative_then_absolute():
         ("fails", "fails", "neither", False)
 
 
-def test_float32_grouping_does_not_flip_the_saved_convergence_flags():
+def test_float32_grouping_does_not_flip_the_saved_convergence_decision():
     """The saved task records and the convergence study train the same normal models in other
-    groupings (other float32 round-off): each task's flag reads the same in both."""
+    groupings (other float32 round-off): each task's decision (which criterion holds, hence which
+    final results are marked "at this budget") reads the same in both. The two states short of
+    "holds" may differ: on the exponential task at 20 seeds the relative criterion reads
+    "undecided" in one grouping and "fails" in the other (its median move 0.19 against 0.21), and
+    the chapter says so."""
     study = json.loads((SAVED / "convergence.json").read_text())
     for kind in section5.EXPERIMENTS:
         task = section5.convergence(json.loads((SAVED / f"task_{kind}.json").read_text()))
         long_run = study[kind]["record"]
         same_length = section5.convergence(long_run, until=task["epochs"] / len(long_run["epochs"]))
-        assert (task["relative"], task["absolute"]) == (same_length["relative"], same_length["absolute"]), kind
+        assert (task["holds"], task["converged"]) == (same_length["holds"], same_length["converged"]), kind
+        for criterion in ("relative", "absolute"):   # "holds" on one side only would change the decision
+            assert (task[criterion] == "holds") == (same_length[criterion] == "holds"), (kind, criterion)
 
 
 def test_no_effect_band_is_relative():
@@ -383,6 +389,17 @@ def test_the_paper_learning_rate_note_judges_the_papers_own_comparison():
     note = row["paper_learning_rate"]
     assert (note["verdict"], note["rate_verdict"], note["explains"]) == ("agrees", "agrees", True)
     assert "the learning rate explains the paper's result" in note["sentence"]
+    # where the matched comparison agrees as well, the rate does not explain the result away
+    def variant_better(record):
+        return {**record, "models": [dict(m, test_curve=[x * 0.5 for x in m["test_curve"]])
+                                     if m["group"] not in ("normal",) else m for m in record["models"]]}
+
+    both = variant_better(worse)
+    (row,) = judged(both, claim("directional", "lower"))
+    note = row["paper_learning_rate"]
+    assert row["verdict"] == "agrees" and (note["verdict"], note["rate_verdict"]) == ("agrees", "agrees")
+    assert note["explains"] is False and "explains" not in note["sentence"]
+    assert "alone agrees too" in note["sentence"]
     same = with_paper_normal({s: [0.5, 0.5, 0.5, 0.5 + 0.001 * s] for s in SEEDS})
     note = judged(same, claim("directional", "lower"))[0]["paper_learning_rate"]
     assert note["explains"] is False and "explains" not in note["sentence"]
@@ -552,3 +569,18 @@ def test_test_set_noise_is_the_spread_over_disjoint_parts():
         m["test_loss_parts"] = [m["test_loss"]] * 4
     assert section5_claims.test_set_noise(base)["paired_per_part"] == 0
     assert section5_claims.test_set_noise(record(FLAT, FLAT)) is None
+
+
+def test_a_reading_counts_seeds_in_the_claims_direction():
+    """The sign test's counts read in the claim's direction: a variant lower on every seed is on
+    the paper's side of a "lower" claim and against a "higher" one; a comparable row says which way
+    a positive effect points."""
+    lower = {s: [0.5, 0.4, 0.4, 0.3 - 0.01 * s] for s in SEEDS}
+    n = len(SEEDS)
+    faster, = judged(record(FLAT, lower), claim("directional", "lower"))
+    assert f"{n} on the paper's side / 0 against of {n}" in section5_claims.measured_text(faster)
+    slower, = judged(record(FLAT, lower), claim("directional", "higher"))
+    assert f"0 on the paper's side / {n} against of {n}" in section5_claims.measured_text(slower)
+    same, = judged(record(FLAT, lower), claim("comparable", "lower"))
+    assert "(positive: the variant better)" in section5_claims.measured_text(same)
+    assert f"{n} better / 0 worse of {n}" in section5_claims.measured_text(same)

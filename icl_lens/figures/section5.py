@@ -244,14 +244,20 @@ def convergence_figure(studies):
     step size has decayed to 0), the saved run's epoch count marked."""
     figure, axes = plt.subplots(len(studies), 1, figsize=(COLUMN, 3.0 * len(studies)), squeeze=False)
     kinds = [kind for kind in section5.EXPERIMENTS if kind in studies]   # JSON sorts its keys
+    # one legend serves every panel: past LEGEND_CURVES seeds in any, all fold to one colour and
+    # each title gives its own count
+    most = max(len(studies[kind]["record"]["config"]["seeds"]) for kind in kinds)
+    folded = most > LEGEND_CURVES
     for axis, (kind, study) in zip(axes[:, 0], ((k, studies[k]) for k in kinds)):
         record = study["record"]
         curves = section5.curves(record, "normal")["normal"]
         normal = [m for m in record["models"] if m["group"] == "normal"]
         seeds = record["config"]["seeds"]
         for index, (seed, losses, model) in enumerate(zip(seeds, curves, normal)):
-            line, = axis.plot(record["checkpoint_epochs"], losses.clamp(min=FLOOR), linewidth=1.0,
-                              **{"alpha": 0.7, **seed_line(index, len(seeds), f"seed {seed}")})
+            style = {"alpha": 0.7, **seed_line(index, most, f"seed {seed}")}
+            if folded and index == 0:
+                style["label"] = "one seed"
+            line, = axis.plot(record["checkpoint_epochs"], losses.clamp(min=FLOOR), linewidth=1.0, **style)
             ends = [section5.normalised_loss(record, model, length / len(record["epochs"]))
                     for length in record["run_lengths"]]
             axis.plot(record["run_lengths"], [max(x, FLOOR) for x in ends], "o", color=line.get_color(),
@@ -259,7 +265,7 @@ def convergence_figure(studies):
         axis.axvline(study["saved_run_epochs"], color="black", linestyle=":", label="saved run ends")
         axis.axhline(1.0, color="grey", linewidth=1.0)
         axis.set(yscale="log", xlabel="epoch (16384 tokens)", ylabel="test MSE / label variance",
-                 title=f"{kind}: normal model, long run")
+                 title=f"{kind}: normal model, long run" + (f" ({len(seeds)} seeds)" if folded else ""))
         integer_ticks(axis)
         axis.grid(True, which="both", alpha=0.3)
     figure.tight_layout(rect=(0, 0.7 / (3.0 * len(studies)), 1, 1))
@@ -300,7 +306,7 @@ def context_use_figure(record):
             found = context_use.medians(seeds)
             median = [math.nan if found[key] is None else max(found[key], FLOOR) for key, _ in CONTEXT_LOSSES]
             axis.plot(positions, median, "o-", color="black", linewidth=1.6, markersize=4, label="median")
-            title = f"{title} ({len(seeds)} seeds)"
+            title = f"{title}\n({len(seeds)} seeds)"   # a line of its own: the panels are narrow
         axis.axhline(1.0, color="grey", linewidth=1.0, linestyle="--")
         axis.set_xticks(list(positions), [label for _, label in CONTEXT_LOSSES], fontsize=7)
         axis.set(yscale="log", title=title.replace(": ", ":\n", 1))

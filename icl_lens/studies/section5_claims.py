@@ -158,7 +158,8 @@ class Claim:
     :func:`icl_lens.statistics.decide` ("lower": the variant's loss or speed measure is lower than
     the comparator's, i.e. better or faster); ``scope`` "every" or "some" setting; ``pairs`` maps a
     task record to the alternatives to judge (see :func:`every`, :func:`some`); ``other_reading``
-    the same for the other reading of alpha (a sensitivity note, outside the counts); ``sentence``
+    the same for another reading of the sentence (alpha's constant form, or g2's "other cases" with
+    g2+: a sensitivity note, outside the counts, named by ``other_label``); ``sentence``
     quotes the paper."""
 
     id: str
@@ -172,6 +173,7 @@ class Claim:
     scope: str = "every"
     sentence: str = ""
     other_reading: object = None
+    other_label: str = "constant reading of alpha"   # what ``other_reading`` reads, as the notes name it
     note: str = ""
 
     def __post_init__(self):
@@ -226,7 +228,11 @@ CLAIMS = (
           "g2 alone converges slightly faster than each other case of its panel (normal, g1, g1 + g2)",
           "slightly", "lower", against_each(augmented("none", "gelu"),
                                            ["normal lr=0.005", "g1=gelu", "g1=gelu + g2=gelu"]), "speed",
-          sentence=G2_SENTENCE),
+          sentence=G2_SENTENCE,
+          # the paper brings g2+ in after this sentence ("Furthermore"), but it is drawn in the panel
+          other_reading=against_each(augmented("none", "gelu"), ["normal lr=0.005", "g1=gelu",
+                                                                 "g1=gelu + g2=gelu", "g2=mlp-gelu"]),
+          other_label="with g2+ among the other cases"),
     Claim("linear-g2-plus-slower-early", "Sec. 5, Fig. 3", "linear",
           "g2+ (a two-layer MLP on the keys) converges slightly slower at first (time to the early "
           "level)", "slightly", "higher", every(augmented("none", "mlp-gelu")), "speed, early",
@@ -488,7 +494,7 @@ def evaluate(records, claims=CLAIMS):
         if claim.other_reading is not None:
             decision, other_comparison, _, _ = judge(claim, record, 1.0, pairs=claim.other_reading)
             other = {"decision": plain_decision(decision), "name": other_comparison["name"],
-                     "median_difference": other_comparison["median_difference"]}
+                     "median_difference": other_comparison["median_difference"], "label": claim.other_label}
         results.append({
             "id": claim.id, "where": claim.where, "task": claim.task, "claim": claim.claim, "kind": claim.kind,
             "direction": claim.direction, "scope": claim.scope, "quantity": claim.quantity,
@@ -536,7 +542,8 @@ def paper_learning_rate_note(claim, record, full):
     """Where the paper's own comparison differs from the matched one (the linear task's models at
     0.005 against its normal model at 0.003): that comparison's verdict, and whether the normal model
     at 0.005 against the one at 0.003 is itself decisive in the claim's direction (then "the
-    learning rate explains the paper's result"). None where the two comparisons are the same."""
+    learning rate explains the paper's result", unless the matched comparison agrees as well).
+    None where the two comparisons are the same."""
     if claim.kind == "unstable" or claim.pairs is None or "lr_other" not in record.get("config", {}):
         return None
     matched = MATCHED_NORMAL.format(record["config"]["lr_other"])
@@ -549,11 +556,16 @@ def paper_learning_rate_note(claim, record, full):
     paper, paper_comparison, _, _ = judge(claim, record, 1.0, pairs=swapped)
     rate_only = replace(claim, kind="directional", scope="every", pairs=lambda r: [[(matched, PAPER_NORMAL)]])
     rate, rate_comparison, _, _ = judge(rate_only, record, 1.0)
-    explains = rate["verdict"] == "agrees" and paper["verdict"] == "agrees"
+    # the rate explains the paper's result only where the matched comparison does not find it too
+    matched_agrees = full is not None and full["verdict"] == "agrees"
+    explains = rate["verdict"] == "agrees" and paper["verdict"] == "agrees" and not matched_agrees
     lr_other = record["config"]["lr_other"]
     if explains:
         said = (f"; the learning rate explains the paper's result: the normal model at {lr_other:g} against the "
                 f"one at {lr_normal:g} already agrees")
+    elif rate["verdict"] == "agrees" and paper["verdict"] == "agrees":
+        said = (f"; the normal model at {lr_other:g} against the one at {lr_normal:g} alone agrees too, so the "
+                f"paper's comparison adds the learning rate to an effect the matched one also finds")
     elif rate["verdict"] != "inconclusive":
         said = f"; the normal model at {lr_other:g} against the one at {lr_normal:g} alone {rate['verdict']}"
     else:
@@ -622,14 +634,29 @@ def measured_text(result):
                 f"every seed from d_h = {m['every_seed_from']}")
     d = result["decision"]
     p = result.get("p", d["p"])   # the row's p: the larger of the end's and the half-run's where both decide
+    # the counts below are the end's; say so where the row's p is the half-run's
+    source = "" if p == d["p"] else f", at half of training; {d['p']:.2g} at the end"
     if rule == "unstable":
-        return (f"`{m['name']}`: unstable on {d['only_variant']} seeds where the normal model is not, "
-                f"the reverse on {d['only_normal']}, of {d['n']} (p = {p:.2g})")
+        return (f"`{m['name']}`: at the end of training unstable on {d['only_variant']} seeds where the normal "
+                f"model is not, the reverse on {d['only_normal']}, of {d['n']} (p = {p:.2g}{source})")
     bounds = ("no bound at this n" if d["lower"] is None else
               f"[{number(d['lower'], 2)}, {number(d['upper'], 2)}]")
     against = "normal" if m["against"].startswith("normal") else f"`{m['against']}`"
-    return (f"`{m['name']}` against {against}: effect {number(d['effect'], 2)} {bounds} in the paper's "
-            f"direction, p = {p:.2g}, {m['better']} better / {m['worse']} worse of {d['n']}")
+    # the sign test's own counts (any margin); which way a positive difference points depends on the kind
+    signs = statistics.in_direction(m["difference"], result.get("direction", "lower"))
+    up, down = sum(x > 0 for x in signs), sum(x < 0 for x in signs)
+    tied = f", {len(signs) - up - down} tied" if len(signs) > up + down else ""
+    side, counts = SIGN_READING.get(rule, SIGN_READING["directional"])
+    if rule == "comparable" and result.get("direction") == "higher":
+        side = "(positive: the variant's loss higher)"
+    return (f"`{m['name']}` against {against}: effect {number(d['effect'], 2)} {bounds} {side}, "
+            f"p = {p:.2g}{source}; " + counts.format(up=up, down=down) + f" of {d['n']}{tied}")
+
+
+# how a positive effect (read in the claim's direction) reads, and the sign counts, per kind of claim
+SIGN_READING = {"directional": ("in the paper's direction", "{up} on the paper's side / {down} against"),
+                "comparable": ("(positive: the variant better)", "{up} better / {down} worse"),
+                "not beyond": ("(positive: toward what the claim rules out)", "{up} toward it / {down} away")}
 
 
 PAIRED_RULES = statistics.KINDS + ("unstable",)
