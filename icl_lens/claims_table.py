@@ -21,7 +21,8 @@ from typing import TypedDict
 
 from icl_lens import statistics
 from icl_lens.results import load_result, repository_root, save_result
-from icl_lens.studies import across_tasks, li_et_al, modifications_across_tasks, section5, section5_claims, table1
+from icl_lens.studies import (across_tasks, li_et_al, modifications_across_tasks, section5, section5_claims, table1,
+                              trained_layer_claims)
 
 VOCABULARY = statistics.VERDICTS
 FIELDS = ("id", "paper", "where", "claim", "sentence", "task", "quantity", "kind", "scope", "compared", "verdict",
@@ -205,8 +206,7 @@ def comparative_section5(claim, records):
         found["paper_learning_rate"] = paper["sentence"] + f" (p = {paper['p']:.2g})"
     other = claim.get("other_reading")
     if other:
-        label = other.get("label", "constant reading of alpha")   # records made before the label
-        found["other_reading"] = (f"{label} ({other['name']}): {other['decision']['verdict']}, "
+        found["other_reading"] = (f"{other['label']} ({other['name']}): {other['decision']['verdict']}, "
                                   f"p = {other['decision']['p']:.2g}")
     return found
 
@@ -267,8 +267,7 @@ def threshold_row(claim):
     if claim["verdict"] == "inconclusive":
         found["why"] = "between the rule's two thresholds"
         if rule == "falls" and not m["monotone"]:
-            counts, errors = m["feature_counts"], m["errors"]
-            rises = [(a, b, x, y) for a, b, x, y in zip(counts, counts[1:], errors, errors[1:]) if y >= x]
+            rises = trained_layer_claims.rising_steps(m["feature_counts"], m["errors"])
             found["why"] = ("it falls by more than the band overall but not at every step: " + "; ".join(
                 f"{x:.3g} at d_r = {a} to {y:.3g} at {b}" for a, b, x, y in rises))
     return found

@@ -8,6 +8,7 @@ import math
 import statistics
 
 from icl_lens import context_use
+from icl_lens.claims_table import counts, in_family, not_measured, surviving
 from icl_lens.results import load_result, repository_root
 
 SECTION5_TASKS = ("linear", "trigonometric", "exponential")
@@ -20,10 +21,9 @@ def decided_text(rows):
     section5 = [row for row in rows if row["task"] in SECTION5_TASKS]
     parts = []
     if section5:
-        tasks = [task for task in SECTION5_TASKS if any(row["task"] == task for row in section5)]
-        counted = ", ".join(f"{task} {sum(r['verdict'] == 'agrees' for r in section5 if r['task'] == task)} "
-                            f"agree / {sum(r['verdict'] == 'disagrees' for r in section5 if r['task'] == task)} "
-                            "disagree" for task in tasks)
+        by_task = {task: counts([row for row in section5 if row["task"] == task]) for task in SECTION5_TASKS}
+        counted = ", ".join(f"{task} {found['agrees']} agree / {found['disagrees']} disagree"
+                            for task, found in by_task.items() if sum(found.values()))
         kept = [row for row in section5 if row["verdict"] == "disagrees" and row.get("survives_family")]
         parts.append(f"Section 5: {counted}" + ("; the disagreements that survive the correction for all "
                                                 "claims: " + "; ".join(f"{row['claim']} ({row['task']})"
@@ -78,8 +78,6 @@ def findings(rows, data=None):
     """[(sentence, link)] for the judged ``rows`` of the claims table (``claims_table.saved()``
     without the rows not run) and the saved Section 5 record under ``data`` (default
     ``book/data``). A link is a book label (``#...``) or a chapter file."""
-    from icl_lens.claims_table import counts, in_family, not_measured, surviving
-
     data = repository_root() / "book" / "data" if data is None else data
     rows = in_family(rows)   # the new-task protocol's family is read on its own page
     by_id = {row["id"]: row for row in rows}

@@ -254,9 +254,7 @@ def convergence_figure(studies):
         normal = [m for m in record["models"] if m["group"] == "normal"]
         seeds = record["config"]["seeds"]
         for index, (seed, losses, model) in enumerate(zip(seeds, curves, normal)):
-            style = {"alpha": 0.7, **seed_line(index, most, f"seed {seed}")}
-            if folded and index == 0:
-                style["label"] = "one seed"
+            style = {"alpha": 0.7, **seed_line(index, most, f"seed {seed}", folded_label="one seed")}
             line, = axis.plot(record["checkpoint_epochs"], losses.clamp(min=FLOOR), linewidth=1.0, **style)
             ends = [section5.normalised_loss(record, model, length / len(record["epochs"]))
                     for length in record["run_lengths"]]
@@ -298,9 +296,7 @@ def context_use_figure(record):
         for index, seed in enumerate(sorted(seeds, key=int)):   # by number, whatever the record's key order
             measures = seeds[seed]
             values = [measures[key] if measures[key] is not None else math.nan for key, _ in CONTEXT_LOSSES]
-            style = {"alpha": 0.8, **seed_line(index, most, f"seed {seed}")}
-            if folded and index == 0:
-                style["label"] = "one seed"
+            style = {"alpha": 0.8, **seed_line(index, most, f"seed {seed}", folded_label="one seed")}
             axis.plot(positions, [max(v, FLOOR) for v in values], "o-", linewidth=1.0, markersize=4, **style)
         if folded:
             found = context_use.medians(seeds)

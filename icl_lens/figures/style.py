@@ -34,13 +34,14 @@ FLOOR = 1e-12
 LEGEND_CURVES = 10
 
 
-def seed_line(index, count, label):
+def seed_line(index, count, label, folded_label=None):
     """Keywords for the line of seed number ``index`` of ``count`` drawn one line a seed: its own
     colour and legend ``label`` up to :data:`LEGEND_CURVES` seeds, past it one shared colour and a
-    single entry "``count`` seeds"."""
+    single entry, ``folded_label`` or "``count`` seeds" (a figure whose panels count their own
+    seeds names the line "one seed")."""
     if count <= LEGEND_CURVES:
         return {"label": label}
-    return {"color": "C0", "alpha": 0.4, "label": f"{count} seeds" if index == 0 else None}
+    return {"color": "C0", "alpha": 0.4, "label": (folded_label or f"{count} seeds") if index == 0 else None}
 
 
 def styled(draw):

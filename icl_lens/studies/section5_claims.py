@@ -647,13 +647,13 @@ def measured_text(result):
     up, down = sum(x > 0 for x in signs), sum(x < 0 for x in signs)
     tied = f", {len(signs) - up - down} tied" if len(signs) > up + down else ""
     side, counts = SIGN_READING.get(rule, SIGN_READING["directional"])
-    if rule == "comparable" and result.get("direction") == "higher":
-        side = "(positive: the variant's loss higher)"
     return (f"`{m['name']}` against {against}: effect {number(d['effect'], 2)} {bounds} {side}, "
             f"p = {p:.2g}{source}; " + counts.format(up=up, down=down) + f" of {d['n']}{tied}")
 
 
-# how a positive effect (read in the claim's direction) reads, and the sign counts, per kind of claim
+# how a positive effect (read in the claim's direction) reads, and the sign counts, per kind of claim;
+# a comparable claim reads "lower" (a lower loss or time is better), as the table's "better beyond
+# the band" does
 SIGN_READING = {"directional": ("in the paper's direction", "{up} on the paper's side / {down} against"),
                 "comparable": ("(positive: the variant better)", "{up} better / {down} worse"),
                 "not beyond": ("(positive: toward what the claim rules out)", "{up} toward it / {down} away")}
